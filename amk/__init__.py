@@ -1,0 +1,1 @@
+from amk.errors import *  # noqa

@@ -1,0 +1,51 @@
+"""Every environment knob AMK reads, in one place. Read at use time, so tests can monkeypatch."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _int(name: str, default: int) -> int:
+    v = os.environ.get(name, "")
+    try:
+        return int(v) if v else default
+    except ValueError:
+        raise ValueError(f"{name}={v!r} is not an integer") from None
+
+
+def debug() -> int:
+    """AMK_DEBUG: 1 timings + verify after every pass, 2 schedule summary, 3 IR after each
+    pass, 4 generated CUDA."""
+    return _int("AMK_DEBUG", 0)
+
+
+def dump_ir_dir() -> Path | None:
+    """AMK_DUMP_IR=DIR: one folder per compiled function with every stage's text."""
+    v = os.environ.get("AMK_DUMP_IR", "")
+    return Path(v) if v else None
+
+
+def print_ir_after() -> str:
+    """AMK_PRINT_IR_AFTER=all|<pass>[,<pass>]: print those stages to stderr."""
+    return os.environ.get("AMK_PRINT_IR_AFTER", "")
+
+
+def cache_dir() -> Path:
+    """AMK_CACHE_DIR: where compiled cubins live (default ~/.cache/amk)."""
+    v = os.environ.get("AMK_CACHE_DIR", "")
+    return Path(v) if v else Path.home() / ".cache" / "amk"
+
+
+def backend() -> str:
+    """AMK_BACKEND: default backend name; empty = cuda where a GPU is present, else reference."""
+    return os.environ.get("AMK_BACKEND", "")
+
+
+def watchdog_s() -> float:
+    """AMK_WATCHDOG_S: seconds a kernel or VM may make no progress before it is declared stuck."""
+    return float(os.environ.get("AMK_WATCHDOG_S", "") or 1.0)
+
+
+def vm_timeout_s() -> float:
+    """AMK_VM_TIMEOUT_S: wall-clock limit of one reference-VM run."""
+    return float(os.environ.get("AMK_VM_TIMEOUT_S", "") or 600.0)
