@@ -1,0 +1,24 @@
+"""Backends run a validated Program: reference (the oracle), cuda (one persistent kernel),
+triton (one launch per task). Each exposes `run(bindings) -> list[Tensor]`, bindings mapping
+every input/weight/kv buffer's source path to a tensor."""
+from __future__ import annotations
+
+import torch
+
+from amk.errors import BackendUnavailable
+from amk.program.ir import Program
+
+
+def make_executable(program: Program, backend: str, device: torch.device):
+    if backend == "reference":
+        from amk.backends.reference.vm import ReferenceVM
+        return ReferenceVM(program, device=device)
+    if backend == "cuda":
+        if device.type != "cuda":
+            raise BackendUnavailable(f"backend 'cuda' needs CUDA tensors; the arguments are on {device}")
+        from amk.backends.cuda import CudaProgram
+        return CudaProgram(program, device=device)
+    if backend == "triton":
+        from amk.backends.triton.backend import TritonProgram
+        return TritonProgram(program, device=device)
+    raise BackendUnavailable(f"unknown backend {backend!r}: choose reference, cuda or triton")

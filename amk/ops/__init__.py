@@ -1,0 +1,190 @@
+"""amk.ops: the functional op API a decode step is written with.
+
+Activations are [B, features] (B = 1 for batch-1 decode); token ids are int32 [B]; the decode
+position is an int32 [1] tensor (a runtime value, one for the whole batch). Ops are traced
+inside `amk.jit`; each checks its arguments and records one graph equation.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from amk import trace as _trace
+from amk.errors import TraceError
+from amk.graph import Aval
+from amk.ops import rules
+from amk.program.ir import DType
+from amk.quant import QuantizedWeight
+
+__all__ = ["embed", "rmsnorm", "layernorm", "linear", "rope", "attention", "kv_update",
+           "silu_mul", "gelu", "add", "mul", "softmax", "argmax", "dequant", "allreduce",
+           "reshape", "cast"]
+
+
+def _args(op: str, named: Sequence[tuple[str, Any]]):
+    """Check that every argument is a traced value; return (checker, ctx, tracers)."""
+    src = _trace.user_source_line()
+    ctx = _trace.current()
+    if ctx is None:
+        raise TraceError(f"amk.ops.{op} called outside amk.jit (at {src}); wrap the function "
+                         f"with amk.jit and call it with tensors")
+    out = []
+    for name, v in named:
+        if v is None:
+            out.append(None)
+        elif isinstance(v, _trace.Tracer):
+            out.append(v)
+        elif isinstance(v, torch.Tensor):
+            raise TraceError(f"amk.ops.{op}: argument '{name}' is a concrete tensor captured from "
+                             f"outside the traced function (at {src}); pass it in as an argument")
+        else:
+            raise TraceError(f"amk.ops.{op}: argument '{name}' must be a tensor, got "
+                             f"{type(v).__name__} (at {src})")
+    return rules.Checker(op, src), ctx, out
+
+
+def _bind(ctx, c, prim, inputs, params, aval):
+    return ctx.bind(prim, [t for t in inputs if t is not None], params, [aval], c.src)[0]
+
+
+def embed(table, ids):
+    c, ctx, (t, i) = _args("embed", [("table", table), ("ids", ids)])
+    return _bind(ctx, c, "embed", [t, i], {}, rules.embed(c, t.aval, i.aval))
+
+
+def rmsnorm(x, weight, eps: float = 1e-6):
+    c, ctx, (xt, wt) = _args("rmsnorm", [("x", x), ("weight", weight)])
+    return _bind(ctx, c, "rmsnorm", [xt, wt], {"eps": float(eps)}, rules.norm(c, xt.aval, wt.aval, None))
+
+
+def layernorm(x, weight, bias=None, eps: float = 1e-5):
+    c, ctx, (xt, wt, bt) = _args("layernorm", [("x", x), ("weight", weight), ("bias", bias)])
+    aval = rules.norm(c, xt.aval, wt.aval, bt.aval if bt is not None else None)
+    return _bind(ctx, c, "layernorm", [xt, wt, bt], {"eps": float(eps)}, aval)
+
+
+def linear(x, weight, bias=None):
+    """y = x @ weight.T (+ bias). weight is [N_out, K_in] (nn.Linear) or an amk.QuantizedWeight."""
+    if isinstance(weight, QuantizedWeight):
+        if bias is not None:
+            raise TraceError("amk.ops.linear: a bias with a QuantizedWeight is not supported; add it with ops.add")
+        c, ctx, (xt, q, s, z) = _args("linear", [("x", x), ("weight.q", weight.q),
+                                                 ("weight.scales", weight.scales),
+                                                 ("weight.zeros", weight.zeros)])
+        aval = rules.qlinear(c, xt.aval, q.aval, s.aval, z.aval if z is not None else None,
+                             weight.bits, weight.group)
+        return _bind(ctx, c, "qlinear", [xt, q, s, z],
+                     {"bits": weight.bits, "group": weight.group}, aval)
+    c, ctx, (xt, wt, bt) = _args("linear", [("x", x), ("weight", weight), ("bias", bias)])
+    aval = rules.linear(c, xt.aval, wt.aval, bt.aval if bt is not None else None)
+    return _bind(ctx, c, "linear", [xt, wt, bt], {}, aval)
+
+
+def dequant(weight: QuantizedWeight):
+    """The float [N, K] weight a QuantizedWeight stands for (dtype of its scales)."""
+    if not isinstance(weight, QuantizedWeight):
+        raise TraceError(f"amk.ops.dequant: argument 'weight' must be an amk.QuantizedWeight, "
+                         f"got {type(weight).__name__}")
+    c, ctx, (q, s, z) = _args("dequant", [("weight.q", weight.q), ("weight.scales", weight.scales),
+                                          ("weight.zeros", weight.zeros)])
+    n = q.aval.shape[0]
+    k = q.aval.shape[1] * (2 if weight.bits == 4 else 1)
+    x = Aval((1, k), s.aval.dtype)
+    rules.qlinear(c, x, q.aval, s.aval, z.aval if z is not None else None, weight.bits, weight.group)
+    return _bind(ctx, c, "dequant", [q, s, z], {"bits": weight.bits, "group": weight.group},
+                 Aval((n, k), s.aval.dtype))
+
+
+def rope(x, pos, head_dim: int, theta: float = 10000.0, inv_freq=None):
+    """Rotary embedding (rotate-half) of x [B, n*head_dim] at position pos. inv_freq [head_dim//2]
+    (float32) overrides theta, e.g. for Llama-3 scaled rope."""
+    c, ctx, (xt, pt, ft) = _args("rope", [("x", x), ("pos", pos), ("inv_freq", inv_freq)])
+    aval = rules.rope(c, xt.aval, pt.aval, ft.aval if ft is not None else None, int(head_dim))
+    return _bind(ctx, c, "rope", [xt, pt, ft],
+                 {"head_dim": int(head_dim), "theta": float(theta)}, aval)
+
+
+def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, head_dim: int,
+              scale: float | None = None):
+    """Decode attention of q [B, n_heads*head_dim] over cache rows 0..pos (inclusive)."""
+    c, ctx, (qt, kt, vt, pt) = _args("attention", [("q", q), ("k_cache", k_cache),
+                                                   ("v_cache", v_cache), ("pos", pos)])
+    aval = rules.attention(c, qt.aval, kt.aval, vt.aval, pt.aval, int(n_heads), int(n_kv_heads),
+                           int(head_dim))
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+    return _bind(ctx, c, "attention", [qt, kt, vt, pt],
+                 {"n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads),
+                  "head_dim": int(head_dim), "scale": sc}, aval)
+
+
+def kv_update(cache, new, pos):
+    """Write new [B, n_kv*head_dim] into cache row pos; returns the updated cache. In place when
+    the cache argument is donated (amk.jit(..., donate=("kv",)))."""
+    c, ctx, (ct, nt, pt) = _args("kv_update", [("cache", cache), ("new", new), ("pos", pos)])
+    aval = rules.kv_update(c, ct.aval, nt.aval, pt.aval)
+    return _bind(ctx, c, "kv_update", [ct, nt, pt], {}, aval)
+
+
+def _elementwise(op: str, names: tuple[str, ...], vals: tuple, params: dict | None = None):
+    c, ctx, ts = _args(op, list(zip(names, vals)))
+    aval = rules.elementwise(c, names, *[t.aval for t in ts])
+    return _bind(ctx, c, op, ts, params or {}, aval)
+
+
+def silu_mul(gate, up):
+    return _elementwise("silu_mul", ("gate", "up"), (gate, up))
+
+
+def gelu(x):
+    return _elementwise("gelu", ("x",), (x,))
+
+
+def add(a, b):
+    return _elementwise("add", ("a", "b"), (a, b))
+
+
+def mul(a, b=None, scale: float | None = None):
+    """a * b, or a * scale (a Python float)."""
+    if isinstance(b, (int, float)) and scale is None:
+        b, scale = None, float(b)
+    if b is None:
+        if scale is None:
+            raise TraceError("amk.ops.mul: give a second tensor 'b' or a float 'scale'")
+        return _elementwise("mul", ("a",), (a,), {"scale": float(scale)})
+    return _elementwise("mul", ("a", "b"), (a, b))
+
+
+def softmax(x):
+    return _elementwise("softmax", ("x",), (x,))
+
+
+def argmax(logits):
+    """Greedy token: argmax over the last axis of logits [B, V] -> int32 [B]."""
+    c, ctx, (lt,) = _args("argmax", [("logits", logits)])
+    return _bind(ctx, c, "argmax", [lt], {}, rules.argmax(c, lt.aval))
+
+
+def allreduce(shards: Sequence):
+    """Sum of tensor-parallel shards (on one device: the all-reduce's result)."""
+    names = tuple(f"shards[{i}]" for i in range(len(shards)))
+    c, ctx, ts = _args("allreduce", list(zip(names, shards)))
+    aval = rules.allreduce(c, [t.aval for t in ts])
+    return _bind(ctx, c, "allreduce", ts, {}, aval)
+
+
+def reshape(x, shape: Sequence[int]):
+    """A view with a new shape (free: no data moves)."""
+    c, ctx, (xt,) = _args("reshape", [("x", x)])
+    shape = tuple(int(s) for s in shape)
+    return _bind(ctx, c, "reshape", [xt], {"shape": shape}, rules.reshape(c, xt.aval, shape))
+
+
+def cast(x, dtype: torch.dtype):
+    c, ctx, (xt,) = _args("cast", [("x", x)])
+    try:
+        dt = DType.of(dtype)
+    except TypeError as e:
+        raise TraceError(f"amk.ops.cast: {e} (at {c.src})") from None
+    return _bind(ctx, c, "cast", [xt], {"dtype": dt.short}, Aval(xt.aval.shape, dt))

@@ -1,0 +1,196 @@
+"""amk.jit: trace once per abstract signature, compile through the pass pipeline, run a backend.
+
+    step = amk.jit(decode_step, donate=("kv",))
+    token = step(params, token, pos, kv)      # traces + compiles on the first call only
+    low = step.lower(params, token, pos, kv)  # .graph, .stages, .program
+
+The signature is the pytree structure, every leaf's shape and dtype, the static arguments and
+the backend. New data (a new token, a new decode position) is not a new signature.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from amk import knobs, pytree
+from amk.errors import TraceError
+from amk.graph import Graph
+from amk.passes.pipeline import run_pipeline
+from amk.program.ir import BufferKind, Program
+from amk.trace import trace
+
+BACKENDS = ("reference", "cuda", "triton")
+
+
+class Lowered:
+    """The staged result of tracing and compiling one signature."""
+
+    def __init__(self, graph: Graph, programs: dict[str, Program], out_treedef, options,
+                 timings: dict[str, float]):
+        self.graph = graph
+        self.programs = programs
+        self.out_treedef = out_treedef
+        self.options = options
+        self.timings = timings
+        self._stages: dict[str, str] | None = None
+
+    @property
+    def program(self) -> Program:
+        return next(reversed(self.programs.values()))
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """{"graph": text, "lower": text, "tile": text, ...}, rendered on first access."""
+        if self._stages is None:
+            from amk.program.text import program_to_text
+            self._stages = {"graph": str(self.graph)}
+            self._stages.update({k: program_to_text(p) for k, p in self.programs.items()})
+        return self._stages
+
+    def compile_cuda(self, arch: str = "sm_90a") -> bytes:
+        """The CUBIN for this program (works without a GPU: NVRTC only)."""
+        from amk.backends.cuda import compile_cuda
+        return compile_cuda(self.program, arch=arch)
+
+    def executable(self, backend: str, device: torch.device):
+        from amk.backends import make_executable
+        return make_executable(self.program, backend, device)
+
+
+def _default_backend(device: torch.device) -> str:
+    b = knobs.backend()
+    if b:
+        return b
+    return "cuda" if device.type == "cuda" else "reference"
+
+
+class Jitted:
+    def __init__(self, fn: Callable, backend: str | None = None, donate: Sequence[str] = (),
+                 weights: Sequence[str] = ("params",), static_argnames: Sequence[str] = (),
+                 options=None):
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(f"amk.jit: unknown backend {backend!r}; choose one of {BACKENDS}")
+        self.fn = fn
+        self.backend = backend
+        self.donate = tuple(donate)
+        self.weights = tuple(weights)
+        self.static_argnames = tuple(static_argnames)
+        self.options = options
+        self.sig = inspect.signature(fn)
+        for n in (*self.donate, *self.static_argnames):
+            if n not in self.sig.parameters:
+                raise ValueError(f"amk.jit: {fn.__name__} has no argument named {n!r}")
+        self.trace_count = 0
+        self._cache: dict[Any, Lowered] = {}
+        self._executables: dict[Any, Any] = {}
+        functools.update_wrapper(self, fn)
+
+    # -- signature -----------------------------------------------------------------------
+    def _split(self, args, kwargs):
+        bound = self.sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        dyn, static = [], []
+        for name, val in bound.arguments.items():
+            if name in self.static_argnames:
+                static.append((name, val))
+            else:
+                dyn.append((name, val))
+        return dyn, tuple(static)
+
+    def _kind(self, name: str) -> BufferKind:
+        if name in self.donate:
+            return BufferKind.KV_CACHE
+        if name in self.weights:
+            return BufferKind.WEIGHT
+        return BufferKind.IO_INPUT
+
+    def _flatten(self, dyn):
+        leaves, paths, tds = [], [], []
+        for name, val in dyn:
+            lv, ps, td = pytree.flatten(val, name)
+            leaves += lv
+            paths += ps
+            tds.append(td)
+        return leaves, paths, tuple(tds)
+
+    def _key(self, dyn, static, leaves, tds, backend):
+        avals = tuple((tuple(t.shape), t.dtype) for t in leaves)
+        try:
+            hash(static)
+        except TypeError:
+            raise TraceError(f"amk.jit: static arguments must be hashable, got {static!r}") from None
+        return (tds, avals, static, backend, str(self.options))
+
+    # -- staging -----------------------------------------------------------------------------
+    def _lower(self, dyn, static, leaves, backend: str, device: torch.device) -> Lowered:
+        names = [n for n, _ in dyn]
+        fn = self.fn
+        if static:
+            fn = functools.partial(self.fn, **dict(static))
+        t0 = time.perf_counter()
+        graph, out_td = trace(fn, [v for _, v in dyn], names, [self._kind(n) for n in names],
+                              name=getattr(self.fn, "__name__", "fn"))
+        self.trace_count += 1
+        t1 = time.perf_counter()
+        opts = self.options if self.options is not None else _default_options(backend, device)
+        programs = run_pipeline(graph, opts)
+        t2 = time.perf_counter()
+        low = Lowered(graph, programs, out_td, opts, {"trace_s": t1 - t0, "passes_s": t2 - t1})
+        from amk.passes.dump import dump_stages
+        dump_stages(low)
+        return low
+
+    def _prepare(self, args, kwargs):
+        dyn, static = self._split(args, kwargs)
+        leaves, paths, tds = self._flatten(dyn)
+        device = _device_of(leaves, paths)
+        backend = self.backend or _default_backend(device)
+        key = self._key(dyn, static, leaves, tds, backend)
+        low = self._cache.get(key)
+        if low is None:
+            low = self._cache[key] = self._lower(dyn, static, leaves, backend, device)
+        return low, key, leaves, paths, device, backend
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        return self._prepare(args, kwargs)[0]
+
+    # -- running -------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        low, key, leaves, paths, device, backend = self._prepare(args, kwargs)
+        exe = self._executables.get((key, device))
+        if exe is None:
+            exe = self._executables[(key, device)] = low.executable(backend, device)
+        outs = exe.run(dict(zip(paths, leaves)))
+        outs = [o if tuple(o.shape) == v.aval.shape else o.view(v.aval.shape)
+                for o, v in zip(outs, low.graph.outputs)]
+        return pytree.unflatten(low.out_treedef, outs)
+
+
+def _device_of(leaves: Sequence[torch.Tensor], paths: Sequence[str]) -> torch.device:
+    if not leaves:
+        return torch.device("cpu")
+    dev = leaves[0].device
+    for t, p in zip(leaves, paths):
+        if t.device != dev:
+            raise TraceError(f"amk.jit: {p} is on {t.device} but {paths[0]} is on {dev}; "
+                             f"all arguments must be on one device")
+    return dev
+
+
+def _default_options(backend: str, device: torch.device):
+    try:
+        from amk.passes.options import PassOptions
+    except ImportError:  # until the pass options land
+        return None
+    return PassOptions.for_backend(backend, device)
+
+
+def jit(fn: Callable | None = None, **kw) -> Jitted | Callable[[Callable], Jitted]:
+    """Decorator or function: amk.jit(fn, backend=..., donate=("kv",), weights=("params",))."""
+    if fn is None:
+        return lambda f: Jitted(f, **kw)
+    return Jitted(fn, **kw)

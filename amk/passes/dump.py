@@ -1,0 +1,64 @@
+"""Stage dumps: AMK_DUMP_IR=DIR writes one folder per compiled function; AMK_PRINT_IR_AFTER prints
+stages to stderr. The same texts are `Lowered.stages`."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from amk import knobs
+
+_REPRO = '''"""Reproduce: re-parse the final program, validate it and run it on the reference VM with
+random inputs. python repro.py"""
+import pathlib, sys, torch
+from amk.program.text import parse_program
+from amk.program.validate import validate
+from amk.backends.reference.vm import ReferenceVM
+from amk.program.ir import BufferKind
+
+here = pathlib.Path(__file__).parent
+prog = parse_program(sorted(here.glob("[0-9][0-9]_*.txt"))[-1].read_text())
+res = validate(prog)
+print(res.report())
+if not res.ok:
+    sys.exit(1)
+g = torch.Generator().manual_seed(0)
+bind = {{}}
+for b in prog.buffers:
+    if b.kind in (BufferKind.IO_INPUT, BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE):
+        dt = b.dtype.torch
+        if dt.is_floating_point:
+            bind[b.source] = torch.randn(b.shape, generator=g).to(dt)
+        else:
+            bind[b.source] = torch.zeros(b.shape, dtype=dt)
+for b, t in zip(prog.outputs, ReferenceVM(prog).run(bind)):
+    print(prog.buffers[b].name, tuple(t.shape), t.flatten()[:8])
+'''
+
+
+def _unique_dir(root: Path, name: str) -> Path:
+    d = root / name
+    i = 1
+    while d.exists():
+        d = root / f"{name}_{i}"
+        i += 1
+    return d
+
+
+def dump_stages(low) -> None:
+    root = knobs.dump_ir_dir()
+    which = knobs.print_ir_after()
+    if root is None and not which and knobs.debug() < 3:
+        return
+    stages = low.stages
+    if root is not None:
+        d = _unique_dir(root, low.graph.name)
+        d.mkdir(parents=True)
+        for i, (name, text) in enumerate(stages.items()):
+            (d / f"{i:02d}_{name}.txt").write_text(text + "\n")
+        (d / "repro.py").write_text(_REPRO.format())
+        print(f"[amk] dumped {len(stages)} stages of {low.graph.name} to {d}", file=sys.stderr)
+    wanted = set(which.split(",")) if which else set()
+    for name, text in stages.items():
+        if knobs.debug() >= 3 or "all" in wanted or name in wanted:
+            print(f"// ----- {low.graph.name}: after {name} -----\n{text}", file=sys.stderr)

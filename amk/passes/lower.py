@@ -1,0 +1,165 @@
+"""lower: graph IR -> Program. One task per op, one buffer per value, one counter per task.
+
+Each task waits (threshold 1) on the tasks that wrote the buffers it reads. A reshape is free (its
+output shares its input's buffer); kv_update writes the donated cache in place (a non-donated
+cache is first copied, so the function stays functional).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from amk.errors import TraceError
+from amk.graph import Eqn, Graph, Var
+from amk.program.ir import (Buffer, BufferKind, Counter, DType, InstructionKind as K, Program,
+                            Task, Wait)
+
+I4, I8 = int(DType.I4), int(DType.I8)
+
+
+def _linear(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
+    x, w = ins[0].aval, ins[1].aval
+    op = K.GEMV_TILE if x.shape[0] == 1 else K.GEMM_TILE
+    return op, {"n_off": 0, "N_tile": w.shape[0], "K": w.shape[1]}
+
+
+def _qlinear(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
+    p = e.p
+    x, q = ins[0].aval, ins[1].aval
+    op = K.GEMV_TILE if x.shape[0] == 1 else K.GEMM_TILE
+    return op, {"n_off": 0, "N_tile": q.shape[0], "K": x.shape[1],
+                "qdtype": I4 if p["bits"] == 4 else I8, "group": p["group"]}
+
+
+def _dequant(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
+    p = e.p
+    k = e.outputs[0].aval.shape[1]
+    return K.DEQUANT, {"qdtype": I4 if p["bits"] == 4 else I8, "group": p["group"], "K": k}
+
+
+def _attention(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
+    p = e.p
+    max_seq = ins[1].aval.shape[-3]
+    return K.ATTENTION_TILE, {"head_dim": p["head_dim"], "n_heads": p["n_heads"],
+                              "n_kv_heads": p["n_kv_heads"], "scale": p["scale"],
+                              "kv_start": 0, "kv_len": max_seq, "flags": 0}
+
+
+def _simple(op: K, keep: tuple[str, ...] = ()) -> Callable:
+    return lambda e, ins: (op, {k: v for k, v in e.params if k in keep})
+
+
+# prim -> (Eqn, input vars) -> (opcode, params). Input order is the opcode's (docs/PROGRAM.md).
+LOWERING: dict[str, Callable[[Eqn, list[Var]], tuple[K, dict]]] = {
+    "embed": _simple(K.EMBED),
+    "rmsnorm": _simple(K.RMSNORM, ("eps",)),
+    "layernorm": _simple(K.LAYERNORM, ("eps",)),
+    "linear": _linear,
+    "qlinear": _qlinear,
+    "dequant": _dequant,
+    "rope": _simple(K.ROPE, ("head_dim", "theta")),
+    "attention": _attention,
+    "silu_mul": _simple(K.SILU_MUL),
+    "gelu": _simple(K.GELU),
+    "add": _simple(K.ADD),
+    "mul": _simple(K.MUL, ("scale",)),
+    "softmax": _simple(K.SOFTMAX),
+    "argmax": _simple(K.SAMPLE_ARGMAX),
+    "allreduce": _simple(K.ALLREDUCE_SHARD),
+    "cast": _simple(K.COPY),
+}
+
+
+def _input_order(e: Eqn) -> list[Var]:
+    # EMBED takes (ids, table) in the seed's order; the op API takes (table, ids).
+    if e.prim == "embed":
+        return [e.inputs[1], e.inputs[0]]
+    return list(e.inputs)
+
+
+def _task_name(e: Eqn, paths: dict[int, str]) -> str:
+    weights = [paths[v.id] for v in e.inputs if v.id in paths and paths[v.id].startswith("params")]
+    what = f"{e.prim}({weights[0]})" if weights else e.prim
+    return f"{what} @ {e.src}" if e.src else what
+
+
+class _Builder:
+    def __init__(self, g: Graph):
+        self.g = g
+        self.buffers: list[Buffer] = []
+        self.tasks: list[Task] = []
+        self.buf_of: dict[int, int] = {}          # var id -> buffer id
+        self.last_writer: dict[int, int] = {}     # buffer id -> task id
+        self.paths = dict(zip((v.id for v in g.inputs), g.input_paths))
+        self.outputs = {v.id for v in g.outputs}
+
+    def buffer(self, name: str, kind: BufferKind, var: Var, source: str = "") -> int:
+        b = Buffer(len(self.buffers), name, kind, var.aval.dtype, var.aval.shape, source)
+        self.buffers.append(b)
+        return b.id
+
+    def task(self, op: K, ins: list[int], outs: list[int], params: dict, name: str) -> int:
+        tid = len(self.tasks)
+        deps = sorted({self.last_writer[b] for b in ins if b in self.last_writer})
+        waits = tuple(Wait(d, 1) for d in deps)
+        self.tasks.append(Task(tid, op, tuple(ins), tuple(outs), params, waits, tid, name))
+        for b in outs:
+            self.last_writer[b] = tid
+        return tid
+
+    def out_buffer(self, v: Var) -> int:
+        kind = BufferKind.IO_OUTPUT if v.id in self.outputs else BufferKind.ACTIVATION
+        bid = self.buffer(f"v{v.id}", kind, v)
+        self.buf_of[v.id] = bid
+        return bid
+
+
+def _last_uses(g: Graph) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for i, e in enumerate(g.eqns):
+        for v in e.inputs:
+            last[v.id] = i
+    for v in g.outputs:
+        last[v.id] = len(g.eqns)
+    return last
+
+
+def lower(g: Graph, opts=None) -> Program:
+    b = _Builder(g)
+    for v, path, kind in zip(g.inputs, g.input_paths, g.input_kinds):
+        b.buf_of[v.id] = b.buffer(path, kind, v, source=path)
+    last_use = _last_uses(g)
+
+    for i, e in enumerate(g.eqns):
+        name = _task_name(e, b.paths)
+        if e.prim == "reshape":
+            src = b.buf_of[e.inputs[0].id]
+            if e.outputs[0].id in b.outputs and b.buffers[src].kind == BufferKind.ACTIVATION:
+                b.buffers[src] = replace(b.buffers[src], kind=BufferKind.IO_OUTPUT)
+            b.buf_of[e.outputs[0].id] = src
+            continue
+        if e.prim == "kv_update":
+            cache, new, pos = e.inputs
+            if last_use.get(cache.id, -1) > i:
+                raise TraceError(f"kv_update at {e.src}: the old cache ({b.paths.get(cache.id, cache)}) "
+                                 f"is used again after it was updated; use the cache kv_update returns")
+            cb = b.buf_of[cache.id]
+            if b.buffers[cb].kind != BufferKind.KV_CACHE:
+                # Not donated: copy, then update the copy (the caller's tensor stays unchanged).
+                copy = b.out_buffer(e.outputs[0])
+                b.task(K.COPY, [cb], [copy], {}, f"copy of {b.buffers[cb].name} @ {e.src}")
+                cb = copy
+            b.buf_of[e.outputs[0].id] = cb
+            b.task(K.KV_APPEND, [b.buf_of[new.id], b.buf_of[pos.id]], [cb], {}, name)
+            continue
+        rule = LOWERING.get(e.prim)
+        if rule is None:
+            raise TraceError(f"lower: no lowering for primitive {e.prim!r} (at {e.src})")
+        op, params = rule(e, list(e.inputs))
+        ins = [b.buf_of[v.id] for v in _input_order(e)]
+        out = b.out_buffer(e.outputs[0])
+        b.task(op, ins, [out], params, name)
+
+    counters = tuple(Counter(t.id) for t in b.tasks)
+    outputs = tuple(b.buf_of[v.id] for v in g.outputs)
+    return Program(tuple(b.buffers), counters, tuple(b.tasks), (), g.name, outputs)

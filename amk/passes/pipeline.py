@@ -1,0 +1,56 @@
+"""The pass pipeline: one ordered list of named passes, graph -> Program.
+
+Every pass is a pure function of (IR, options). Under AMK_DEBUG>=1 the validator runs after
+every pass (and timings go to stderr); it always runs at the end. Each stage's IR can be printed
+(AMK_PRINT_IR_AFTER), dumped to a folder (AMK_DUMP_IR) or read back from `Lowered.stages`.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+from amk import knobs
+from amk.errors import ValidationError
+from amk.graph import Graph
+from amk.passes.lower import lower
+from amk.program.ir import Program
+
+PassOptions = object  # until amk/passes/options.py lands
+
+# The whole pipeline, in order. `lower` takes the graph; every other pass takes a Program.
+PIPELINE: list[tuple[str, Callable]] = [
+    ("lower", lower),
+]
+
+
+def check(program: Program, after: str) -> None:
+    from amk.program.validate import validate
+    res = validate(program)
+    if not res.ok:
+        raise ValidationError(f"the program after pass '{after}' is invalid "
+                              f"(an AMK bug: please report it with AMK_DUMP_IR output):\n"
+                              f"{res.report()}", res)
+
+
+def run_pipeline(graph: Graph, opts: PassOptions | None = None,
+                 stop_after: str | None = None) -> dict[str, Program]:
+    """Run the passes; returns {pass name: program after it}, in pipeline order."""
+    debug = knobs.debug()
+    stages: dict[str, Program] = {}
+    ir = graph
+    for name, fn in PIPELINE:
+        t0 = time.perf_counter()
+        ir = fn(ir, opts)
+        dt = time.perf_counter() - t0
+        stages[name] = ir
+        if debug >= 1:
+            check(ir, name)
+            print(f"[amk] {graph.name}: {name:<18} {dt * 1e3:8.1f} ms  "
+                  f"{len(ir.tasks)} tasks, {len(ir.counters)} counters, {len(ir.buffers)} buffers",
+                  file=sys.stderr)
+        if name == stop_after:
+            break
+    if debug < 1:
+        check(ir, name)
+    return stages

@@ -1,0 +1,94 @@
+"""Pytrees: nested dict / list / tuple / dataclass containers of tensors, flattened to leaves.
+
+A treedef is a hashable description of the structure (part of a jitted function's signature);
+every leaf has a dotted path ("params.layers.0.wq") used in error messages and as the source of
+the program buffer it binds to.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from amk.errors import TraceError
+
+# Dataclasses whose non-tensor fields are static metadata (part of the signature, not leaves).
+_STATIC_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def register_static_fields(cls: type, fields: tuple[str, ...]) -> type:
+    _STATIC_FIELDS[cls] = fields
+    return cls
+
+
+def _is_leaf(x: Any, is_leaf: Callable[[Any], bool] | None) -> bool:
+    return isinstance(x, torch.Tensor) or (is_leaf is not None and is_leaf(x))
+
+
+def flatten(tree: Any, prefix: str = "", is_leaf: Callable[[Any], bool] | None = None):
+    """Returns (leaves, paths, treedef). Raises TraceError on a leaf that is not a tensor."""
+    leaves: list[Any] = []
+    paths: list[str] = []
+
+    def join(p: str, k: Any) -> str:
+        return f"{p}.{k}" if p else str(k)
+
+    def go(x: Any, path: str):
+        if _is_leaf(x, is_leaf):
+            leaves.append(x)
+            paths.append(path)
+            return ("leaf",)
+        if x is None:
+            return ("none",)
+        if isinstance(x, dict):
+            keys = tuple(x.keys())
+            for k in keys:
+                if not isinstance(k, str):
+                    raise TraceError(f"{path or 'argument'}: dict keys must be strings, got {k!r}")
+            return ("dict", keys, tuple(go(x[k], join(path, k)) for k in keys))
+        if isinstance(x, (list, tuple)):
+            kind = "list" if isinstance(x, list) else "tuple"
+            return (kind, len(x), tuple(go(v, join(path, i)) for i, v in enumerate(x)))
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            cls = type(x)
+            static = _STATIC_FIELDS.get(cls, ())
+            names = tuple(f.name for f in dataclasses.fields(x) if f.name not in static)
+            svals = tuple(getattr(x, s) for s in static)
+            return ("dc", cls, static, svals, names,
+                    tuple(go(getattr(x, n), join(path, n)) for n in names))
+        raise TraceError(
+            f"{path or 'argument'}: leaf of type {type(x).__name__} is not a tensor; AMK traces "
+            f"pytrees (dict/list/tuple/dataclass) of torch tensors. Pass numbers as tensors or "
+            f"mark the argument static (amk.jit(fn, static_argnames=...)).")
+
+    treedef = go(tree, prefix)
+    return leaves, paths, treedef
+
+
+def unflatten(treedef, leaves: list[Any]) -> Any:
+    it = iter(leaves)
+
+    def go(td):
+        tag = td[0]
+        if tag == "leaf":
+            return next(it)
+        if tag == "none":
+            return None
+        if tag == "dict":
+            return {k: go(c) for k, c in zip(td[1], td[2])}
+        if tag == "list":
+            return [go(c) for c in td[2]]
+        if tag == "tuple":
+            return tuple(go(c) for c in td[2])
+        if tag == "dc":
+            _, cls, static, svals, names, children = td
+            kw = dict(zip(static, svals))
+            kw.update({n: go(c) for n, c in zip(names, children)})
+            return cls(**kw)
+        raise AssertionError(tag)
+
+    out = go(treedef)
+    rest = list(it)
+    assert not rest, f"unflatten: {len(rest)} leaves left over"
+    return out

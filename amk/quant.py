@@ -1,0 +1,80 @@
+"""Weight-only quantized linear weights in the seed's storage layout, and a quantizer.
+
+  * bits=8: q is int8 [N, K], real = (q - zero) * scale
+  * bits=4: q is uint8 [N, K//2]; byte b holds column 2b in the low nibble and 2b+1 in the high
+    nibble, each stored as q+8 (q in [-8, 7])
+  * scales: [N, ceil(K/group)] float; column k uses group k // group
+  * zeros: None (symmetric) or integer-valued floats shaped like scales
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from amk import pytree
+
+
+@dataclass
+class QuantizedWeight:
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None = None
+    bits: int = 8
+    group: int = 128
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = self.q.shape[0]
+        k = self.q.shape[1] * (2 if self.bits == 4 else 1)
+        return (n, k)
+
+
+pytree.register_static_fields(QuantizedWeight, ("bits", "group"))
+
+
+def quantize(w: torch.Tensor, bits: int = 8, group: int = 128, symmetric: bool = True) -> QuantizedWeight:
+    """Group-wise weight-only quantization of a [N, K] weight (round to nearest)."""
+    if bits not in (4, 8):
+        raise ValueError(f"quantize: bits must be 4 or 8, got {bits}")
+    n, k = w.shape
+    if bits == 4 and k % 2:
+        raise ValueError(f"quantize: int4 needs an even K, got {k}")
+    wf = w.float()
+    ng = (k + group - 1) // group
+    pad = ng * group - k
+    wg = torch.nn.functional.pad(wf, (0, pad)).view(n, ng, group)
+    qmax, qmin = (7, -8) if bits == 4 else (127, -128)
+    if symmetric:
+        scale = wg.abs().amax(-1).clamp_min(1e-8) / qmax
+        zeros = None
+        q = torch.round(wg / scale[..., None]).clamp(qmin, qmax)
+    else:
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        scale = ((hi - lo) / (qmax - qmin)).clamp_min(1e-8)
+        zeros = torch.round(qmin - lo / scale)          # real = (q - zero) * scale
+        q = torch.round(wg / scale[..., None] + zeros[..., None]).clamp(qmin, qmax)
+    q = q.view(n, ng * group)[:, :k]
+    if bits == 8:
+        qs = q.to(torch.int8)
+    else:
+        u = (q + 8).to(torch.uint8)
+        qs = (u[:, 0::2] | (u[:, 1::2] << 4)).to(torch.uint8)
+    dt = w.dtype if w.dtype.is_floating_point else torch.float32
+    return QuantizedWeight(qs.contiguous(), scale.to(dt).contiguous(),
+                           None if zeros is None else zeros.to(dt).contiguous(), bits, group)
+
+
+def dequantize(qw: QuantizedWeight) -> torch.Tensor:
+    """The exact fp32 [N, K] weight the quantized GEMV multiplies by (seed numerics)."""
+    n, k = qw.shape
+    if qw.bits == 4:
+        p = qw.q.to(torch.int32)
+        q = torch.stack([p & 0xF, (p >> 4) & 0xF], -1).view(n, -1)[:, :k].float() - 8.0
+    else:
+        q = qw.q[:, :k].float()
+    idx = torch.arange(k) // qw.group
+    s = qw.scales.float()[:, idx]
+    if qw.zeros is not None:
+        q = q - qw.zeros.float()[:, idx]
+    return q * s
