@@ -1,0 +1,172 @@
+"""Reference semantics of attention, the split-KV combine, rotary embedding and the KV cache.
+
+Layouts (docs/PROGRAM.md): q is ``[B?, n_heads*head_dim]`` (any shape with that numel), a
+cache is ``[max_seq, n_kv, head_dim]`` / ``[max_seq, n_kv*head_dim]`` for one sequence or
+``[B, max_seq, n_kv, head_dim]`` for B sequences that share the decode position. The position
+is a runtime int32 ``[1]`` input (**ext**); the seed's ``params['pos']`` still works for
+KV_APPEND. GQA: q head h reads kv head ``h // (n_heads // n_kv_heads)``.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from amk.errors import TraceError, ValidationError
+from amk.backends.reference.semantics_common import column_range, f32, host_int
+
+PARTIAL_WRITE = 2        # flags bit 1: write the flash partial [acc | m | l] instead of out
+
+
+def _cache_view(c: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
+    """A cache as ``[B, max_seq, n_kv, head_dim]`` (B = 1 for a single-sequence cache)."""
+    if c.dim() == 4:
+        lead = tuple(c.shape[:2])
+    elif c.dim() == 3 and c.shape[-2:] == (n_kv, head_dim):
+        lead = (1, c.shape[0])
+    else:
+        lead = (1, c.numel() // (n_kv * head_dim))
+    return c.view(*lead, n_kv, head_dim)
+
+
+def _head_range(params, n_heads: int, rep: int) -> tuple[int, int]:
+    """q heads ``[h_off, h_off+h_count)`` this task covers (ext); whole kv groups only."""
+    h_off = int(params.get("h_off", 0))
+    h_count = int(params.get("h_count", n_heads - h_off))
+    if not (0 <= h_off and h_count >= 0 and h_off + h_count <= n_heads
+            and h_off % rep == 0 and h_count % rep == 0):
+        raise ValidationError(
+            f"attention head range h_off={h_off}, h_count={h_count} must lie in [0, {n_heads}) "
+            f"and cover whole kv groups of {rep} q heads")
+    return h_off, h_count
+
+
+def attention_tile(inputs, outputs, params, ctx):
+    """softmax(q.k^T * scale).v over cache rows [kv_start, kv_start+kv_len) ∩ [0, pos+1).
+
+    inputs = [q, k_cache, v_cache, pos?]. flags bit 1 (PARTIAL_WRITE): out is the split-KV flash
+    partial ``[B?, n_heads, head_dim+2] = [acc | m | l]`` (un-normalised acc = sum exp(s-m) v);
+    an empty window writes acc=0, m=-inf, l=0. Only heads [h_off, h_off+h_count) are written."""
+    hd = int(params["head_dim"])
+    q_in = inputs[0]
+    n_heads = int(params.get("n_heads", q_in.shape[-2] if q_in.dim() >= 2 and q_in.shape[-1] == hd
+                             else q_in.shape[-1] // hd))
+    n_kv = int(params.get("n_kv_heads", n_heads))
+    if n_kv <= 0 or n_heads % n_kv:
+        raise ValidationError(f"attention: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
+    rep = n_heads // n_kv
+    k = _cache_view(inputs[1], n_kv, hd)
+    v = _cache_view(inputs[2], n_kv, hd)
+    B, max_seq = k.shape[0], k.shape[1]
+    q = q_in.reshape(B, n_heads, hd)
+    h_off, hc = _head_range(params, n_heads, rep)
+    g0, g1 = h_off // rep, (h_off + hc) // rep
+    scale = float(params.get("scale", 1.0 / hd ** 0.5))
+
+    lo = int(params.get("kv_start", 0))
+    hi = min(max_seq, lo + int(params.get("kv_len", max_seq - lo)))
+    if len(inputs) > 3 and inputs[3] is not None:              # ext: clamp by the runtime pos
+        hi = min(hi, host_int(inputs[3], ctx) + 1)
+    hi = max(hi, lo)
+
+    qg = f32(q[:, h_off:h_off + hc]).reshape(B, g1 - g0, rep, hd)     # [B, G, rep, hd]
+    kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
+    vw = f32(v[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)
+    scores = (qg @ kw.transpose(-1, -2)) * scale                      # [B, G, rep, L]
+
+    out = outputs[0]
+    if int(params.get("flags", 0)) & PARTIAL_WRITE:
+        ob = out.view(B, n_heads, hd + 2)[:, h_off:h_off + hc]
+        if hi == lo:
+            ob[..., :hd] = 0
+            ob[..., hd] = float("-inf")
+            ob[..., hd + 1] = 0
+            return
+        m = scores.amax(dim=-1)                                       # [B, G, rep]
+        e = torch.exp(scores - m[..., None])
+        ob[..., :hd] = (e @ vw).reshape(B, hc, hd).to(ob.dtype)
+        ob[..., hd] = m.reshape(B, hc).to(ob.dtype)
+        ob[..., hd + 1] = e.sum(dim=-1).reshape(B, hc).to(ob.dtype)
+        return
+    o = torch.softmax(scores, dim=-1) @ vw                            # [B, G, rep, hd]
+    out.view(B, n_heads, hd)[:, h_off:h_off + hc] = o.reshape(B, hc, hd).to(out.dtype)
+
+
+def attention_combine(inputs, outputs, params, ctx):
+    """Online-softmax merge of P split-KV partials into ``out[B?, n_heads*head_dim]``:
+    m = max_p m_p, l = sum_p l_p e^(m_p-m), out = (sum_p acc_p e^(m_p-m)) / l; a shard with
+    l_p == 0 (empty window) gets weight exactly 0. Only heads [h_off, h_off+h_count) (ext)."""
+    hd = int(params["head_dim"])
+    out = outputs[0]
+    n_heads = int(params.get("n_heads", out.numel() // hd if out.dim() <= 1 else out.shape[-1] // hd))
+    B = out.numel() // (n_heads * hd)
+    h_off, hc = _head_range(params, n_heads, 1)
+    parts = [f32(p.reshape(B, n_heads, hd + 2)[:, h_off:h_off + hc]) for p in inputs]
+    m = torch.stack([p[..., hd] for p in parts], dim=0).amax(dim=0)   # [B, hc]
+    acc = torch.zeros(B, hc, hd, dtype=torch.float32, device=out.device)
+    l = torch.zeros(B, hc, dtype=torch.float32, device=out.device)
+    for p in parts:
+        mp, lp = p[..., hd], p[..., hd + 1]
+        w = torch.where(lp > 0, torch.exp(mp - m), torch.zeros_like(mp))
+        l = l + lp * w
+        acc = acc + p[..., :hd] * w[..., None]
+    res = acc / l[..., None].clamp_min(1e-20)
+    out.view(B, n_heads, hd)[:, h_off:h_off + hc] = res.to(out.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _theta_inv_freq(half: int, theta: float, device: torch.device) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
+
+
+def rope(inputs, outputs, params, ctx):
+    """Rotate-half rotary embedding; inputs = [x, pos, inv_freq?]. x is viewed as rows of
+    head_dim; pos of length 1 broadcasts over every row, pos of length P > 1 gives one position
+    per leading index of x (the seed's [S, n_heads, head_dim]). inv_freq[head_dim/2] (ext)
+    overrides theta (Llama-3 scaled rope). n_off/N_tile (ext) cover whole heads."""
+    hd = int(params["head_dim"])
+    half = hd // 2
+    out = outputs[0]
+    x = inputs[0]
+    if x.numel() == out.numel() and x.shape != out.shape:
+        x = x.reshape(out.shape)
+    lo, hi = column_range(params, out)
+    y = out
+    if (lo, hi) != (0, out.shape[-1]):
+        if lo % hd or (hi - lo) % hd:
+            raise ValidationError(f"rope column tile [{lo}, {hi}) must cover whole heads of {hd}")
+        x, y = x[..., lo:hi], out[..., lo:hi]
+    pos = inputs[1].reshape(-1)
+    P = pos.numel()
+    if len(inputs) > 2 and inputs[2] is not None:
+        inv_freq = f32(inputs[2]).reshape(-1)
+    else:
+        inv_freq = _theta_inv_freq(half, float(params.get("theta", 10000.0)), x.device)
+    ang = pos.to(torch.float32)[:, None] * inv_freq[None, :]         # [P, half]
+    c = torch.cos(ang).view(P, 1, half)
+    s = torch.sin(ang).view(P, 1, half)
+    xr = f32(x).reshape(P, -1, hd)
+    x1, x2 = xr[..., :half], xr[..., half:]
+    rot = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    y.copy_(rot.to(y.dtype).reshape(y.shape))
+
+
+def kv_append(inputs, outputs, params, ctx):
+    """cache[pos : pos+n] = new, in place (outputs[0] IS the cache); inputs = [new, pos].
+    A rank-4 cache [B, max_seq, ...] gets row pos of every sequence."""
+    cache = outputs[0]
+    p = int(params["pos"]) if "pos" in params else host_int(inputs[1], ctx)
+    new = inputs[0]
+    if cache.dim() == 4:
+        rows = new.reshape(cache.shape[0], -1, *cache.shape[2:])
+        n, max_seq = rows.shape[1], cache.shape[1]
+    else:
+        rows = new.reshape(-1, *cache.shape[1:])
+        n, max_seq = rows.shape[0], cache.shape[0]
+    if not 0 <= p <= max_seq - n:
+        raise TraceError(f"KV_APPEND: decode position {p} (+{n} rows) is outside the cache's "
+                         f"{max_seq} rows; use a larger max_seq or stop generating earlier")
+    if cache.dim() == 4:
+        cache[:, p:p + n] = rows.to(cache.dtype)
+    else:
+        cache[p:p + n] = rows.to(cache.dtype)
