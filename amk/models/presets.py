@@ -1,0 +1,58 @@
+"""Model shapes used by tests and benchmarks, and random weights for them.
+
+`random_model(cfg, device="meta")` builds weights without memory: enough for tracing and the
+pass pipeline, which never look at data.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from amk.models.llama import DecoderConfig
+
+LLAMA_3_2_1B = DecoderConfig(
+    vocab=128256, hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, ffn=8192,
+    rms_eps=1e-5, rope_theta=500000.0, tie_embeddings=True, max_seq=4096,
+    dtype=torch.bfloat16, arch="llama")
+
+TINY_LLAMA = DecoderConfig(
+    vocab=96, hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128,
+    max_seq=64, dtype=torch.float32)
+
+PRESETS = {"llama-3.2-1b": LLAMA_3_2_1B, "tiny-llama": TINY_LLAMA}
+
+
+def random_params(cfg: DecoderConfig, device="cpu", seed: int = 0) -> dict:
+    """Random weights in the layout of amk/models/llama.py, scaled so activations stay O(1)."""
+    dev = torch.device(device)
+    gen = None if dev.type == "meta" else torch.Generator(device=dev).manual_seed(seed)
+    dt = cfg.dtype
+
+    def rnd(*shape, scale=None):
+        if dev.type == "meta":
+            return torch.empty(shape, dtype=dt, device=dev)
+        s = scale if scale is not None else shape[-1] ** -0.5
+        return (torch.randn(shape, generator=gen, device=dev, dtype=torch.float32) * s).to(dt)
+
+    def ones(n):
+        return torch.ones(n, dtype=dt, device=dev) if dev.type != "meta" else torch.empty(n, dtype=dt, device=dev)
+
+    H, D = cfg.hidden, cfg.head_dim
+    layers = []
+    for _ in range(cfg.n_layers):
+        layers.append({
+            "attn_norm": ones(H), "wq": rnd(cfg.n_heads * D, H), "wk": rnd(cfg.n_kv_heads * D, H),
+            "wv": rnd(cfg.n_kv_heads * D, H), "wo": rnd(H, cfg.n_heads * D), "mlp_norm": ones(H),
+            "w_gate": rnd(cfg.ffn, H), "w_up": rnd(cfg.ffn, H), "w_down": rnd(H, cfg.ffn)})
+    embed = rnd(cfg.vocab, H, scale=1.0)
+    inv = cfg.default_inv_freq().to(dev) if dev.type != "meta" else torch.empty(D // 2, device=dev)
+    return {"embed": embed, "layers": layers, "norm": ones(H),
+            "lm_head": embed if cfg.tie_embeddings else rnd(cfg.vocab, H), "inv_freq": inv}
+
+
+def random_model(cfg: DecoderConfig, device="cpu", seed: int = 0, max_seq: int | None = None):
+    from amk.models.model import Model
+    if max_seq is not None:
+        cfg = replace(cfg, max_seq=max_seq)
+    return Model(cfg, random_params(cfg, device, seed))
