@@ -1,0 +1,198 @@
+"""Batch-1 decode of a Llama-3.2-1B-shaped model (random bf16 weights) on one GPU.
+
+Reports, from ONE run: the measured read bandwidth and the floor it implies (weight + KV bytes
+over that bandwidth), AMK cuda (one persistent kernel), AMK triton (one launch per task, CUDA
+graph), AMK reference VM on the GPU, eager torch and torch.compile(mode="reduce-overhead"), and
+AMK's cold and warm compile times. Prints a table; writes JSON.
+
+    python bench/decode.py --contexts 128 1024 4096 --json bench/results.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_llama import torch_decode_step  # noqa: E402
+
+import amk  # noqa: E402
+from amk.models.model import Model  # noqa: E402
+from amk.models.presets import LLAMA_3_2_1B, random_params  # noqa: E402
+
+
+def time_ms(fn, iters: int, reps: int = 5) -> float:
+    """Median over `reps` of the mean time of `iters` back-to-back calls (CUDA events)."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / iters)
+    return statistics.median(out)
+
+
+def read_bandwidth() -> float:
+    """Bytes/s of a large streaming read (a sum over 4 GiB), best of a few."""
+    x = torch.randn(2 * 1024 ** 3 // 2, device="cuda").to(torch.bfloat16)   # 2 GiB
+    y = torch.cat([x, x])                                                   # 4 GiB
+    del x
+    ms = time_ms(lambda: y.sum(dtype=torch.float32), iters=5)
+    bw = y.numel() * y.element_size() / (ms * 1e-3)
+    del y
+    torch.cuda.empty_cache()
+    return bw
+
+
+def weight_bytes(params: dict) -> int:
+    seen, total = set(), 0
+    for t in _leaves(params):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _leaves(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _leaves(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _leaves(v)
+
+
+def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: float,
+                  compile_peer: bool) -> dict:
+    m = Model(replace(cfg, max_seq=ctx + 64), params)
+    kv = m.new_kv()
+    token = torch.tensor([17], dtype=torch.int32, device="cuda")
+    pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * cfg.n_layers * ctx * cfg.n_kv_heads * cfg.head_dim * 2
+    floor_ms = (weight_bytes(params) + kv_bytes) / bw * 1e3
+    row = {"context": ctx, "floor_ms": floor_ms}
+
+    row["eager_ms"] = time_ms(lambda: torch_decode_step(m.config, params, token, pos, kv), iters=10)
+    if compile_peer:
+        t0 = time.perf_counter()
+        comp = torch.compile(lambda t, p: torch_decode_step(m.config, params, t, p, kv),
+                             mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):
+            comp(token, pos)
+        torch.cuda.synchronize()
+        row["compile_peer_s"] = time.perf_counter() - t0
+        row["torch_compile_ms"] = time_ms(lambda: comp(token, pos), iters=iters)
+
+    for be in backends:
+        try:
+            step = amk.jit(m.fn, backend=be, donate=("kv",))
+            t0 = time.perf_counter()
+            step(params, token, pos, kv)
+            torch.cuda.synchronize()
+            row[f"amk_{be}_first_call_s"] = time.perf_counter() - t0
+            n = 3 if be == "reference" else iters
+            row[f"amk_{be}_ms"] = time_ms(lambda: step(params, token, pos, kv), iters=n,
+                                          reps=2 if be == "reference" else 5)
+        except Exception as e:  # report, keep benchmarking the rest
+            row[f"amk_{be}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    if "amk_cuda_ms" in row:
+        row["fraction_of_floor"] = floor_ms / row["amk_cuda_ms"]
+    return row
+
+
+def compile_times(cfg, params) -> dict:
+    """Cold (empty cache: trace + passes + NVRTC) and warm (disk cache) compile of the cuda step."""
+    out = {}
+    m = Model(replace(cfg, max_seq=1088), params)
+    args = m.example_args()
+    with tempfile.TemporaryDirectory() as d:
+        old = os.environ.get("AMK_CACHE_DIR")
+        os.environ["AMK_CACHE_DIR"] = d
+        try:
+            for label in ("cold", "warm"):
+                step = amk.jit(m.fn, backend="cuda", donate=("kv",))
+                t0 = time.perf_counter()
+                low = step.lower(*args)
+                low.compile_cuda()
+                out[f"{label}_compile_s"] = time.perf_counter() - t0
+            out["tasks"] = len(low.program.tasks)
+            out["counters"] = len(low.program.counters)
+        finally:
+            if old is None:
+                os.environ.pop("AMK_CACHE_DIR", None)
+            else:
+                os.environ["AMK_CACHE_DIR"] = old
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
+    ap.add_argument("--backends", nargs="+", default=["cuda", "triton", "reference"])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--compile-peer-at", type=int, nargs="*", default=[1024],
+                    help="contexts at which to run torch.compile (it takes a minute each)")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
+    ap.add_argument("--json", default="bench/results.json")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/decode.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cfg = LLAMA_3_2_1B if a.layers is None else replace(LLAMA_3_2_1B, n_layers=a.layers)
+    params = random_params(cfg, device="cuda", seed=0)
+    bw = read_bandwidth()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "read_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes(params) / 1e9,
+              "rows": []}
+    if "cuda" in a.backends:
+        try:
+            result["compile"] = compile_times(cfg, params)
+        except Exception as e:
+            result["compile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    for ctx in a.contexts:
+        row = bench_context(cfg, params, ctx, a.backends, a.iters, bw, ctx in a.compile_peer_at)
+        result["rows"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(result, indent=2))
+    print_table(result)
+    return 0
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{r['device']}  torch {r['torch']}  read bandwidth {r['read_bandwidth_TBps']:.2f} TB/s  "
+          f"weights {r['weight_GB']:.2f} GB")
+    if "compile" in r:
+        print("compile:", ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in r["compile"].items()))
+    cols = ["floor_ms", "amk_cuda_ms", "fraction_of_floor", "amk_triton_ms", "amk_reference_ms",
+            "eager_ms", "torch_compile_ms"]
+    print(f"{'context':>8} " + " ".join(f"{c:>18}" for c in cols))
+    for row in r["rows"]:
+        cells = []
+        for c in cols:
+            v = row.get(c)
+            cells.append(f"{v:>18.3f}" if isinstance(v, float) else f"{'-':>18}")
+        print(f"{row['context']:>8} " + " ".join(cells))
+        for k, v in row.items():
+            if k.endswith("_error"):
+                print(f"{'':>8} {k}: {v}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The peers: the same Llama decode step in plain PyTorch (eager, and torch.compile with CUDA
+graphs), over the same params dict and KV cache layout as amk/models/llama.py."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def _rope(x, pos, inv_freq, hd):
+    ang = pos.float() * inv_freq                       # [hd/2]
+    c, s = ang.cos(), ang.sin()
+    xf = x.float().view(*x.shape[:-1], -1, hd)
+    x1, x2 = xf[..., : hd // 2], xf[..., hd // 2:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).view_as(x).to(x.dtype)
+
+
+def torch_decode_step(cfg, params, token, pos, kv):
+    """Batch-1 decode; the KV cache [max_seq, n_kv, hd] is updated in place at pos."""
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    x = params["embed"][token]                        # [1, H]
+    p_idx = pos.long()
+    seq = torch.arange(kv[0]["k"].shape[0], device=x.device)
+    mask = torch.where(seq <= p_idx, 0.0, float("-inf")).to(x.dtype)   # static shape: graph-safe
+    for p, cache in zip(params["layers"], kv):
+        h = _rms(x, p["attn_norm"], cfg.rms_eps)
+        q = _rope(F.linear(h, p["wq"]), pos, params["inv_freq"], hd)
+        k = _rope(F.linear(h, p["wk"]), pos, params["inv_freq"], hd)
+        v = F.linear(h, p["wv"])
+        cache["k"].index_copy_(0, p_idx, k.view(1, nkv, hd))
+        cache["v"].index_copy_(0, p_idx, v.view(1, nkv, hd))
+        qh = q.view(1, nh, 1, hd)
+        kh = cache["k"].permute(1, 0, 2).unsqueeze(0)     # [1, nkv, S, hd]
+        vh = cache["v"].permute(1, 0, 2).unsqueeze(0)
+        a = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask.view(1, 1, 1, -1),
+                                           enable_gqa=True)
+        x = x + F.linear(a.reshape(1, nh * hd), p["wo"])
+        h = _rms(x, p["mlp_norm"], cfg.rms_eps)
+        x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
+    logits = F.linear(_rms(x, params["norm"], cfg.rms_eps), params["lm_head"])
+    return logits.argmax(-1).to(torch.int32), logits
