@@ -1,0 +1,141 @@
+"""Triton micro-kernels: decode attention (GQA, split-KV partials) and the split-KV combine.
+
+Layouts (docs/PROGRAM.md): q ``[B, n_heads, head_dim]``, caches ``[B, max_seq, n_kv, head_dim]``
+(B = 1 and batch stride 0 for a single-sequence cache). One program handles one kv head and
+its ``rep = n_heads // n_kv`` q heads, so each K/V row is read once per group. The window is
+``[kv_start, kv_start+kv_len) ∩ [0, pos+1)`` with pos read from a device tensor at run time, so
+a captured CUDA graph stays valid for every decode step.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
+                     head_dim, n_heads, rep, max_seq, kv_start, kv_end, g_off, scale,
+                     stride_cb, stride_cs,
+                     HAS_POS: tl.constexpr, PARTIAL: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid (kv groups, B). Online softmax over BLOCK_N cache rows at a time, fp32 throughout.
+    PARTIAL writes ``[acc | m | l]`` per head (row width head_dim+2); an empty window leaves
+    acc=0, m=-inf, l=0. Otherwise writes acc / l (0 for an empty window)."""
+    g = g_off + tl.program_id(0)
+    b = tl.program_id(1)
+    hi = tl.minimum(kv_end, max_seq)
+    if HAS_POS:
+        hi = tl.minimum(hi, tl.load(pos_ptr).to(tl.int32) + 1)
+    heads = g * rep + tl.arange(0, BLOCK_H)
+    h_mask = heads < (g + 1) * rep
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+    hd_mask = h_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + (b * n_heads + heads[:, None]) * head_dim + d[None, :], mask=hd_mask,
+                other=0.0).to(tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    kv_base = b * stride_cb + g * head_dim
+    for s0 in range(kv_start, hi, BLOCK_N):
+        n = s0 + tl.arange(0, BLOCK_N)
+        n_mask = n < hi
+        nd = kv_base + n[:, None] * stride_cs + d[None, :]
+        nd_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + nd, mask=nd_mask, other=0.0).to(tl.float32)       # [N, D]
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale             # [H, N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        v = tl.load(v_ptr + nd, mask=nd_mask, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    if PARTIAL:
+        row = o_ptr + (b * n_heads + heads) * (head_dim + 2)
+        tl.store(row[:, None] + d[None, :], acc.to(o_ptr.dtype.element_ty), mask=hd_mask)
+        tl.store(row + head_dim, m_i.to(o_ptr.dtype.element_ty), mask=h_mask)
+        tl.store(row + head_dim + 1, l_i.to(o_ptr.dtype.element_ty), mask=h_mask)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + (b * n_heads + heads[:, None]) * head_dim + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=hd_mask)
+
+
+@triton.jit
+def _part(i: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
+    """The i-th partial pointer (i is a compile-time constant, so this folds away)."""
+    if i == 0:
+        return p0
+    elif i == 1:
+        return p1
+    elif i == 2:
+        return p2
+    elif i == 3:
+        return p3
+    elif i == 4:
+        return p4
+    elif i == 5:
+        return p5
+    elif i == 6:
+        return p6
+    else:
+        return p7
+
+
+@triton.jit
+def combine_kernel(o_ptr, p0, p1, p2, p3, p4, p5, p6, p7, head_dim, n_heads, h_off,
+                   NUM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Grid (h_count, B): merge NUM (<= 8) partials [acc | m | l] of one head. The reference's
+    order: m = max_p m_p, then l and acc summed over p in order with weight e^(m_p - m), a shard
+    with l_p == 0 getting weight exactly 0; out = acc / max(l, 1e-20)."""
+    h = h_off + tl.program_id(0)
+    b = tl.program_id(1)
+    row = (b * n_heads + h) * (head_dim + 2)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+    m = tl.load(p0 + row + head_dim).to(tl.float32)
+    for i in tl.static_range(1, NUM):
+        m = tl.maximum(m, tl.load(_part(i, p0, p1, p2, p3, p4, p5, p6, p7) + row + head_dim)
+                       .to(tl.float32))
+    l = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in tl.static_range(0, NUM):
+        p = _part(i, p0, p1, p2, p3, p4, p5, p6, p7)
+        mp = tl.load(p + row + head_dim).to(tl.float32)
+        lp = tl.load(p + row + head_dim + 1).to(tl.float32)
+        w = tl.where(lp > 0, tl.exp(mp - m), 0.0)
+        l = l + lp * w
+        acc = acc + tl.load(p + row + d, mask=d_mask, other=0.0).to(tl.float32) * w
+    out = acc / tl.maximum(l, 1e-20)
+    tl.store(o_ptr + (b * n_heads + h) * head_dim + d, out.to(o_ptr.dtype.element_ty),
+             mask=d_mask)
+
+
+@triton.jit
+def combine_stacked_kernel(o_ptr, parts_ptr, P, part_stride, head_dim, n_heads, h_off,
+                           BLOCK_D: tl.constexpr):
+    """combine_kernel for any number of partials stacked in one tensor [P, ...] (more than 8
+    shards); same order of operations. l is kept lane-wise (every lane holds the same value)."""
+    h = h_off + tl.program_id(0)
+    b = tl.program_id(1)
+    row = (b * n_heads + h) * (head_dim + 2)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < head_dim
+    zero = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m = zero + tl.load(parts_ptr + row + head_dim).to(tl.float32)
+    for i in range(1, P):
+        m = tl.maximum(m, tl.load(parts_ptr + i * part_stride + row + head_dim).to(tl.float32))
+    l = zero
+    acc = zero
+    for i in range(0, P):
+        p = parts_ptr + i * part_stride + row
+        mp = tl.load(p + head_dim).to(tl.float32)
+        lp = tl.load(p + head_dim + 1).to(tl.float32)
+        w = tl.where(lp > 0, tl.exp(mp - m), 0.0)
+        l = l + lp * w
+        acc = acc + tl.load(p + d, mask=d_mask, other=0.0).to(tl.float32) * w
+    out = acc / tl.maximum(l, 1e-20)
+    tl.store(o_ptr + (b * n_heads + h) * head_dim + d, out.to(o_ptr.dtype.element_ty),
+             mask=d_mask)

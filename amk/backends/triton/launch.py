@@ -1,0 +1,479 @@
+"""Per-opcode launcher: maps a Task (or an opcode, its params and bound tensors) to the right
+Triton micro-kernel and grid.
+
+``launch(task, tensors)`` runs one task, ``tensors`` mapping buffer ids to tensors (a dict or a
+list indexed by id). ``launch_op(op, inputs, outputs, params)`` is the same with the tensors
+already picked; FUSED recipes and the per-instruction tests use it. Tensors must be dense
+(contiguous); outputs are written in place. Nothing here synchronises with the device: the
+decode position and token ids are only ever read by the kernels.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import triton
+
+from amk.errors import ValidationError
+from amk.program.ir import DType, InstructionKind as K, Task
+
+from amk.backends.triton import kernels_attention as ka
+from amk.backends.triton import kernels_elementwise as ke
+from amk.backends.triton import kernels_gemv as kg
+from amk.backends.triton import kernels_movement as km
+
+PARTIAL_WRITE = 2          # ATTENTION_TILE flags bit 1
+_I8, _I4 = int(DType.I8), int(DType.I4)
+
+
+def _pow2(n: int, lo: int = 16, hi: int = 1 << 30) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
+
+
+def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValidationError(f"triton backend: {what} must be a dense (contiguous) tensor, got "
+                              f"shape {tuple(t.shape)} strides {t.stride()}; pass .contiguous()")
+    return t
+
+
+def _cols(t: torch.Tensor) -> int:
+    return t.shape[-1] if t.dim() else 1
+
+
+def _column_range(params, out: torch.Tensor) -> tuple[int, int]:
+    cols = _cols(out)
+    lo = int(params.get("n_off", 0))
+    n_tile = params.get("N_tile")
+    hi = cols if n_tile is None else lo + int(n_tile)
+    if not 0 <= lo <= hi <= cols:
+        raise ValidationError(f"column tile [{lo}, {hi}) is outside the output's {cols} columns")
+    return lo, hi
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise family
+# --------------------------------------------------------------------------------------------
+def _row_stride(x: torch.Tensor, out: torch.Tensor, what: str) -> int:
+    """Row stride of input ``x`` read as ``out``'s rows: same numel -> dense rows; one row of
+    ``out``'s width -> broadcast (stride 0)."""
+    _dense(x, what)
+    if x.numel() == out.numel():
+        return _cols(out)
+    if x.numel() == _cols(out):
+        return 0
+    raise ValidationError(f"{what} has shape {tuple(x.shape)}, which neither matches the output "
+                          f"{tuple(out.shape)} nor broadcasts as one row of it")
+
+
+def _elementwise(code: int, inputs, outputs, params, scale: float = 1.0) -> None:
+    out = _dense(outputs[0], "elementwise output")
+    lo, hi = _column_range(params, out)
+    if hi == lo or out.numel() == 0:
+        return
+    a = inputs[0]
+    b = inputs[1] if len(inputs) > 1 else a
+    block = _pow2(hi - lo, hi=1024)
+    grid = (triton.cdiv(hi - lo, block), out.numel() // _cols(out))
+    ke.elementwise_kernel[grid](a, b, out, lo, hi, _row_stride(a, out, "input 0"),
+                                _row_stride(b, out, "input 1"), _cols(out), float(scale),
+                                OP=code, BLOCK=block)
+
+
+def _mul(inputs, outputs, params):
+    if len(inputs) >= 2:
+        _elementwise(ke.EW_MUL, inputs[:2], outputs, params)
+    else:
+        _elementwise(ke.EW_SCALE, inputs[:1], outputs, params, float(params.get("scale", 1.0)))
+
+
+def _allreduce_shard(inputs, outputs, params):
+    """Sum of the shards, fp32, left to right: up to 4 per launch, chained through an fp32
+    scratch (exact, so the order of additions is the reference's)."""
+    out = _dense(outputs[0], "ALLREDUCE_SHARD output")
+    n = out.numel()
+    for i, x in enumerate(inputs):
+        if _dense(x, f"shard {i}").numel() != n:
+            raise ValidationError(f"ALLREDUCE_SHARD: shard {i} has {x.numel()} elements, "
+                                  f"the output {n}")
+    block = _pow2(n, hi=1024)
+    grid = (triton.cdiv(n, block),)
+    xs = list(inputs)
+    while True:
+        chunk, xs = xs[:4], xs[4:]
+        dst = out if not xs else torch.empty(n, dtype=torch.float32, device=out.device)
+        ptrs = chunk + [chunk[0]] * (4 - len(chunk))
+        ke.shard_sum_kernel[grid](dst, *ptrs, n, NUM=len(chunk), BLOCK=block)
+        if not xs:
+            return
+        xs = [dst] + xs
+
+
+def _rows_of(w: torch.Tensor, x: torch.Tensor, what: str) -> tuple[int, int]:
+    H = w.numel()
+    if H == 0 or x.numel() % H:
+        raise ValidationError(f"{what}: input of {x.numel()} elements is not rows of {H}")
+    return x.numel() // H, H
+
+
+def _rmsnorm(inputs, outputs, params):
+    x, w, out = _dense(inputs[0], "x"), _dense(inputs[1], "weight"), _dense(outputs[0], "out")
+    rows, H = _rows_of(w, x, "RMSNORM")
+    ke.rmsnorm_kernel[(rows,)](x, w, out, H, float(params.get("eps", 1e-6)),
+                               BLOCK=_pow2(H, hi=4096))
+
+
+def _layernorm(inputs, outputs, params):
+    x, w, out = _dense(inputs[0], "x"), _dense(inputs[1], "weight"), _dense(outputs[0], "out")
+    b = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    rows, H = _rows_of(w, x, "LAYERNORM")
+    ke.layernorm_kernel[(rows,)](x, w, b if b is not None else w, out, H,
+                                 float(params.get("eps", 1e-5)), HAS_BIAS=b is not None,
+                                 BLOCK=_pow2(H, hi=4096))
+
+
+def _softmax(inputs, outputs, params):
+    out = _dense(outputs[0], "out")
+    dim = int(params.get("dim", -1))
+    if dim not in (-1, out.dim() - 1):
+        raise ValidationError(f"SOFTMAX: the triton backend supports the last axis only, got "
+                              f"dim={dim} for a rank-{out.dim()} output")
+    C = _cols(out)
+    ke.softmax_kernel[(out.numel() // C,)](_dense(inputs[0], "x"), out, C,
+                                           BLOCK=_pow2(C, hi=4096))
+
+
+# --------------------------------------------------------------------------------------------
+# GEMV / GEMM / DEQUANT
+# --------------------------------------------------------------------------------------------
+def _matmul_tile(inputs, outputs, params):
+    x, out = _dense(inputs[0], "x"), _dense(outputs[0], "out")
+    xk = _cols(x)
+    Kp = int(params.get("K", xk))
+    M = x.numel() // xk
+    N = _cols(out)
+    if out.numel() // N != M:
+        raise ValidationError(f"GEMV/GEMM: x has {M} rows but the output {out.numel() // N}")
+    n_off = int(params.get("n_off", 0))
+    qdtype = int(params.get("qdtype", 0))
+    quantized = qdtype in (_I4, _I8) and len(inputs) >= 3
+    w = _dense(inputs[1], "weight")
+    if quantized:
+        s = _dense(inputs[2], "scales")
+        z = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+        n_tile = int(params.get("N_tile", s.shape[0]))
+        mode = kg.W_INT4 if qdtype == _I4 else kg.W_INT
+        group, n_groups, stride_s = int(params.get("group", Kp)), _cols(s), _cols(s)
+        bias = None
+    else:
+        s = z = None
+        n_tile = int(params.get("N_tile", w.shape[0]))
+        mode, group, n_groups, stride_s = kg.W_FP, 1, 1, 0
+        bias = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    if not 0 <= n_off <= n_off + n_tile <= N or n_off + n_tile > w.shape[0]:
+        raise ValidationError(f"GEMV/GEMM: tile [{n_off}, {n_off + n_tile}) is outside the "
+                              f"output's {N} columns or the weight's {w.shape[0]} rows")
+    if n_tile == 0 or M == 0:
+        return
+    block_k = 128 if (mode == kg.W_FP and w.element_size() >= 4) else 256
+    block_k = _pow2(Kp, hi=block_k)
+    block_n = 8 if n_tile * M >= 8192 else 4
+    grid = (triton.cdiv(n_tile, block_n), M)
+    kg.gemv_kernel[grid](x, w, s if s is not None else w, z if z is not None else w,
+                         bias if bias is not None else w, out,
+                         Kp, n_off, n_off + n_tile, xk, _cols(w), stride_s, N, group, n_groups,
+                         MODE=mode, HAS_ZEROS=z is not None, HAS_BIAS=bias is not None,
+                         BLOCK_N=block_n, BLOCK_K=block_k)
+
+
+def _dequant(inputs, outputs, params):
+    qw, out = _dense(inputs[0], "qW"), _dense(outputs[0], "out")
+    Kp = int(params.get("K", _cols(out)))
+    qdtype = int(params.get("qdtype", _I8))
+    packed = qdtype == _I4 and qw.dtype == torch.uint8 and _cols(qw) * 2 >= Kp > _cols(qw)
+    N = qw.shape[0]
+    s = _dense(inputs[1], "scales")
+    z = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    n_groups = s.numel() // N
+    bn, bk = 16, _pow2(Kp, hi=256)
+    grid = (triton.cdiv(N, bn), triton.cdiv(Kp, bk))
+    kg.dequant_kernel[grid](qw, s, z if z is not None else s, out, N, Kp, _cols(qw), n_groups,
+                            int(params.get("group", Kp)), n_groups,
+                            MODE=kg.W_INT4 if packed else kg.W_INT, HAS_ZEROS=z is not None,
+                            BLOCK_N=bn, BLOCK_K=bk)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------
+def _head_range(params, n_heads: int, rep: int) -> tuple[int, int]:
+    h_off = int(params.get("h_off", 0))
+    h_count = int(params.get("h_count", n_heads - h_off))
+    if not (0 <= h_off and h_count >= 0 and h_off + h_count <= n_heads
+            and h_off % rep == 0 and h_count % rep == 0):
+        raise ValidationError(f"attention head range h_off={h_off}, h_count={h_count} must lie "
+                              f"in [0, {n_heads}) and cover whole kv groups of {rep} q heads")
+    return h_off, h_count
+
+
+def _cache_dims(c: torch.Tensor, n_kv: int, hd: int) -> tuple[int, int]:
+    """(B, max_seq) of a cache [B, max_seq, n_kv, hd] or a single-sequence [max_seq, ...]."""
+    _dense(c, "KV cache")
+    if c.dim() == 4:
+        return c.shape[0], c.shape[1]
+    return 1, c.numel() // (n_kv * hd)
+
+
+def _attention_tile(inputs, outputs, params):
+    hd = int(params["head_dim"])
+    q = _dense(inputs[0], "q")
+    n_heads = int(params.get("n_heads", q.shape[-2] if q.dim() >= 2 and q.shape[-1] == hd
+                             else q.shape[-1] // hd))
+    n_kv = int(params.get("n_kv_heads", n_heads))
+    if n_kv <= 0 or n_heads % n_kv:
+        raise ValidationError(f"attention: n_heads={n_heads} is not a multiple of "
+                              f"n_kv_heads={n_kv}")
+    rep = n_heads // n_kv
+    k, v = inputs[1], inputs[2]
+    B, max_seq = _cache_dims(k, n_kv, hd)
+    if _cache_dims(v, n_kv, hd) != (B, max_seq) or q.numel() != B * n_heads * hd:
+        raise ValidationError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+                              f"{tuple(v.shape)} do not agree on B, n_heads={n_heads}, "
+                              f"n_kv_heads={n_kv}, head_dim={hd}")
+    h_off, h_count = _head_range(params, n_heads, rep)
+    if h_count == 0:
+        return
+    lo = int(params.get("kv_start", 0))
+    kv_end = lo + int(params.get("kv_len", max_seq - lo))
+    pos = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+    partial = bool(int(params.get("flags", 0)) & PARTIAL_WRITE)
+    out = _dense(outputs[0], "attention output")
+    want = B * n_heads * (hd + 2 if partial else hd)
+    if out.numel() != want:
+        raise ValidationError(f"attention: output has {out.numel()} elements, expected {want} "
+                              f"({'[acc|m|l] partials' if partial else 'heads'} of B={B})")
+    block_h, block_d = _pow2(rep, lo=1), _pow2(hd)
+    block_n = max(8, min(64, 8192 // (block_h * block_d)))
+    row = n_kv * hd
+    ka.attention_kernel[(h_count // rep, B)](
+        q, k, v, pos if pos is not None else q, out,
+        hd, n_heads, rep, max_seq, lo, kv_end, h_off // rep,
+        float(params.get("scale", 1.0 / hd ** 0.5)),
+        max_seq * row if k.dim() == 4 else 0, row,
+        HAS_POS=pos is not None, PARTIAL=partial,
+        BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d)
+
+
+def _attention_combine(inputs, outputs, params):
+    hd = int(params["head_dim"])
+    out = _dense(outputs[0], "out")
+    n_heads = int(params.get("n_heads", out.numel() // hd if out.dim() <= 1
+                             else out.shape[-1] // hd))
+    B = out.numel() // (n_heads * hd)
+    h_off, h_count = _head_range(params, n_heads, 1)
+    parts = [_dense(p, f"partial {i}") for i, p in enumerate(inputs)]
+    for i, p in enumerate(parts):
+        if p.numel() != B * n_heads * (hd + 2):
+            raise ValidationError(f"ATTENTION_COMBINE: partial {i} has {p.numel()} elements, "
+                                  f"expected B*n_heads*(head_dim+2) = {B * n_heads * (hd + 2)}")
+    if h_count == 0 or not parts:
+        return
+    grid = (h_count, B)
+    if len(parts) <= 8:
+        ptrs = parts + [parts[0]] * (8 - len(parts))
+        ka.combine_kernel[grid](out, *ptrs, hd, n_heads, h_off, NUM=len(parts),
+                                BLOCK_D=_pow2(hd))
+    else:
+        stacked = torch.stack([p.reshape(-1) for p in parts])
+        ka.combine_stacked_kernel[grid](out, stacked, len(parts), stacked.stride(0), hd, n_heads,
+                                        h_off, BLOCK_D=_pow2(hd))
+
+
+# --------------------------------------------------------------------------------------------
+# Rope, embed, argmax, KV append
+# --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def _theta_inv_freq(half: int, theta: float, device: str) -> torch.Tensor:
+    # the reference's expression, evaluated by torch, so both use identical frequencies
+    return 1.0 / (theta ** (torch.arange(0, half, device=device, dtype=torch.float32) / half))
+
+
+def _rope(inputs, outputs, params):
+    hd = int(params["head_dim"])
+    out = _dense(outputs[0], "out")
+    x = _dense(inputs[0], "x")
+    if x.numel() != out.numel():
+        raise ValidationError(f"ROPE: x has {x.numel()} elements, the output {out.numel()}")
+    lo, hi = _column_range(params, out)
+    if lo % hd or (hi - lo) % hd or hd % 2:
+        raise ValidationError(f"rope column tile [{lo}, {hi}) must cover whole heads of {hd}")
+    pos = _dense(inputs[1], "pos")
+    if len(inputs) > 2 and inputs[2] is not None:
+        freq = inputs[2].reshape(-1).to(torch.float32)
+    else:
+        freq = _theta_inv_freq(hd // 2, float(params.get("theta", 10000.0)), str(out.device))
+    if hi == lo:
+        return
+    C = _cols(out)
+    block = _pow2(hi - lo, hi=1024)
+    km.rope_kernel[(triton.cdiv(hi - lo, block), out.numel() // C)](
+        x, pos, freq, out, C, lo, hi, hd, out.numel() // pos.numel(), BLOCK=block)
+
+
+def _embed(inputs, outputs, params):
+    ids, table, out = _dense(inputs[0], "ids"), _dense(inputs[1], "table"), outputs[0]
+    H = _cols(table)
+    B = ids.numel()
+    if _dense(out, "out").numel() != B * H:
+        raise ValidationError(f"EMBED: output has {out.numel()} elements, expected {B}x{H}")
+    block = _pow2(H, hi=1024)
+    km.embed_kernel[(triton.cdiv(H, block), B)](ids, table, out, H, BLOCK=block)
+
+
+def _argmax(inputs, outputs, params):
+    x = _dense(inputs[0], "logits")
+    V = _cols(x)
+    out = _dense(outputs[0], "ids")
+    km.argmax_kernel[(x.numel() // V,)](x, out, V, BLOCK=_pow2(V, hi=2048))
+
+
+def _kv_append(inputs, outputs, params):
+    cache, new = _dense(outputs[0], "KV cache"), _dense(inputs[0], "new")
+    if cache.dim() == 4:
+        B, max_seq = cache.shape[0], cache.shape[1]
+    else:
+        B, max_seq = 1, cache.shape[0]
+    D = cache.numel() // (B * max_seq)
+    if new.numel() % (B * D):
+        raise ValidationError(f"KV_APPEND: new {tuple(new.shape)} is not rows of the cache "
+                              f"{tuple(cache.shape)}")
+    n = new.numel() // (B * D)
+    has_pos = "pos" not in params
+    pos = inputs[1] if has_pos else new
+    block = _pow2(D, hi=1024)
+    km.kv_append_kernel[(triton.cdiv(D, block), B * n)](
+        new, pos, cache, int(params.get("pos", 0)), D, n, max_seq, HAS_POS=has_pos, BLOCK=block)
+
+
+# --------------------------------------------------------------------------------------------
+# FUSED: the recipe step by step with the same kernels, over scratch
+# --------------------------------------------------------------------------------------------
+_RECIPE_DTYPES = {"float32": torch.float32, "float16": torch.float16,
+                  "bfloat16": torch.bfloat16, "float64": torch.float64, "int8": torch.int8,
+                  "int32": torch.int32, "uint8": torch.uint8, "int64": torch.int64}
+
+
+def _recipe_dtype(name):
+    if name in _RECIPE_DTYPES:
+        return _RECIPE_DTYPES[name]
+    try:
+        return DType.parse(str(name)).torch
+    except (KeyError, ValueError):
+        raise ValidationError(f"FUSED recipe: out_dtype {name!r} is not one of "
+                              f"{sorted(_RECIPE_DTYPES)} or an AMK dtype name") from None
+
+
+def _recipe_errors(recipe, n_inputs: int, n_outputs: int) -> list[str]:
+    if not isinstance(recipe, Mapping) or not isinstance(recipe.get("steps"), (list, tuple)) \
+            or not recipe["steps"]:
+        return ["recipe must be a dict with a non-empty 'steps' list"]
+    errs, produced = [], set()
+    for i, st in enumerate(recipe["steps"]):
+        if not isinstance(st, Mapping):
+            errs.append(f"step {i} is not a dict")
+            continue
+        try:
+            op = K(int(st.get("op")))
+            if op is K.FUSED:
+                errs.append(f"step {i}: nested FUSED is not allowed")
+        except (TypeError, ValueError):
+            errs.append(f"step {i}: bad op {st.get('op')!r}")
+        for a in st.get("args") or ():
+            ok = isinstance(a, Mapping) and len(a) == 1 and (
+                ("in" in a and isinstance(a["in"], int) and 0 <= a["in"] < n_inputs)
+                or ("s" in a and a["s"] in produced))
+            if not ok:
+                errs.append(f"step {i}: arg {a!r} is not an input index in [0, {n_inputs}) or "
+                            f"scratch written by an earlier step")
+        out = st.get("out")
+        if isinstance(out, Mapping):
+            if not (len(out) == 1 and isinstance(out.get("o"), int) and 0 <= out["o"] < n_outputs):
+                errs.append(f"step {i}: out {out!r} is not {{'o': k}} with k in [0, {n_outputs})")
+        elif isinstance(out, int) and not isinstance(out, bool) and out != -1:
+            produced.add(out)
+        elif out not in ("final", -1):
+            errs.append(f"step {i}: out must be 'final', {{'o': k}} or a scratch index, "
+                        f"got {out!r}")
+    return errs
+
+
+def _fused(inputs, outputs, params):
+    recipe = params.get("recipe")
+    errs = _recipe_errors(recipe, len(inputs), len(outputs))
+    if errs:
+        raise ValidationError("malformed FUSED recipe: " + "; ".join(errs))
+    scratch: dict[int, torch.Tensor] = {}
+
+    def resolve(a):
+        return inputs[a["in"]] if "in" in a else scratch[a["s"]]
+
+    for st in recipe["steps"]:
+        args = [resolve(a) for a in st.get("args") or ()]
+        out = st["out"]
+        if out in ("final", -1):
+            dst = outputs[0]
+        elif isinstance(out, Mapping):
+            dst = outputs[out["o"]]
+        else:
+            dtype = _recipe_dtype(st["out_dtype"]) if st.get("out_dtype") else args[0].dtype
+            shape = st.get("out_shape")
+            # zero-filled like the reference, so even a partial write is deterministic
+            dst = (torch.zeros(tuple(shape), dtype=dtype, device=args[0].device)
+                   if shape is not None else torch.zeros_like(args[0], dtype=dtype))
+            scratch[out] = dst
+        launch_op(K(int(st["op"])), args, [dst], st.get("params") or {})
+
+
+# --------------------------------------------------------------------------------------------
+LAUNCHERS: dict[K, Callable[[Sequence, Sequence, Mapping[str, Any]], None]] = {
+    K.NOP: lambda i, o, p: None,
+    K.COPY: lambda i, o, p: _elementwise(ke.EW_COPY, i[:1], o, p),
+    K.EMBED: _embed,
+    K.RMSNORM: _rmsnorm,
+    K.LAYERNORM: _layernorm,
+    K.GEMV_TILE: _matmul_tile,
+    K.GEMM_TILE: _matmul_tile,
+    K.ATTENTION_TILE: _attention_tile,
+    K.ATTENTION_COMBINE: _attention_combine,
+    K.ROPE: _rope,
+    K.SILU_MUL: lambda i, o, p: _elementwise(ke.EW_SILU_MUL, i[:2], o, p),
+    K.GELU: lambda i, o, p: _elementwise(ke.EW_GELU, i[:1], o, p),
+    K.ADD: lambda i, o, p: _elementwise(ke.EW_ADD, i[:2], o, p),
+    K.MUL: _mul,
+    K.DEQUANT: _dequant,
+    K.SOFTMAX: _softmax,
+    K.KV_APPEND: _kv_append,
+    K.SAMPLE_ARGMAX: _argmax,
+    K.ALLREDUCE_SHARD: _allreduce_shard,
+    K.FUSED: _fused,
+}
+
+
+def launch_op(op, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+              params: Mapping[str, Any]) -> None:
+    """Run opcode ``op`` on bound tensors (outputs written in place)."""
+    try:
+        fn = LAUNCHERS[K(int(op))]
+    except (ValueError, KeyError):
+        raise ValidationError(f"triton backend has no kernel for opcode {op!r}") from None
+    fn(list(inputs), list(outputs), params)
+
+
+def launch(task: Task, tensors) -> None:
+    """Run one task; ``tensors[buffer_id]`` is the tensor bound to each buffer."""
+    try:
+        launch_op(task.op, [tensors[b] for b in task.inputs],
+                  [tensors[b] for b in task.outputs], task.params)
+    except ValidationError as e:
+        raise ValidationError(f"task {task.id} {task.op.name} '{task.name}': {e}") from e
