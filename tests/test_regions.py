@@ -1,0 +1,140 @@
+"""task_regions per opcode, overlaps, and dependencies() on hand-built programs."""
+from amk.program.deps import RAW, WAR, WAW, dependencies, hazards
+from amk.program.ir import BufferKind, DType, InstructionKind as K
+from amk.program.regions import Region, overlaps, task_regions
+
+from test_validate import Builder, attention, big_program, fused, tiled
+
+IN, OUT, W, KV = BufferKind.IO_INPUT, BufferKind.IO_OUTPUT, BufferKind.WEIGHT, BufferKind.KV_CACHE
+
+
+def regions_of(p, i):
+    prog = p.build()
+    return task_regions(prog.tasks[i], prog.buffers)
+
+
+def test_overlaps():
+    assert overlaps(Region(1, 0, 8), Region(1, 7, 9))
+    assert not overlaps(Region(1, 0, 8), Region(1, 8, 9))      # half-open: touching is disjoint
+    assert not overlaps(Region(1, 0, 8), Region(2, 0, 8))
+    assert overlaps(Region(3, 2, 3), Region(3, 0, 16))
+    assert str(Region(3, 2, 5)) == "b3[2:5]"
+
+
+def test_gemv_tile_reads_x_and_weights_whole_writes_its_columns():
+    p = tiled()
+    assert regions_of(p, 1) == ([Region(0, 0, 16), Region(1, 0, 16)], [Region(2, 16, 32)])
+
+
+def test_tiled_elementwise_reads_same_width_columns_only():
+    p = tiled()
+    assert regions_of(p, 3) == ([Region(2, 16, 32), Region(3, 16, 32)], [Region(4, 16, 32)])
+    q = Builder()
+    a, s, y = q.buf("a", (2, 8)), q.buf("s", (1, 1), IN), q.buf("y", (2, 8))
+    q.task(K.MUL, [a, s], [y], {"n_off": 2, "N_tile": 4})        # s is narrower: whole
+    assert regions_of(q, 0) == ([Region(0, 2, 6), Region(1, 0, 1)], [Region(2, 2, 6)])
+    q.task(K.ADD, [a, a], [y], {"n_off": 4})                     # N_tile defaults to the rest
+    assert regions_of(q, 1) == ([Region(0, 4, 8)], [Region(2, 4, 8)])
+
+
+def test_untiled_ops_touch_whole_buffers():
+    q = Builder()
+    x, w, y = q.buf("x", (1, 8)), q.buf("w", (8,), W), q.buf("y", (1, 8))
+    q.task(K.RMSNORM, [x, w], [y], {"eps": 1e-6})
+    assert regions_of(q, 0) == ([Region(0, 0, 8), Region(1, 0, 8)], [Region(2, 0, 8)])
+
+
+def test_attention_tile_head_range_and_partial_rows():
+    p = attention()       # hd=4, 4 q heads, partial rows of 6; tile 4 = group 1 shard 0
+    reads, writes = regions_of(p, 4)
+    assert reads == [Region(0, 0, 1), Region(1, 8, 16), Region(4, 0, 4), Region(5, 0, 4)]
+    assert writes == [Region(6, 12, 24)]
+    # the combine of head group 1 reads both partials' rows of those heads, writes its heads
+    reads, writes = regions_of(p, 7)
+    assert reads == [Region(6, 12, 24), Region(7, 12, 24)]
+    assert writes == [Region(8, 8, 16)]
+
+
+def test_attention_tile_normal_output_and_non_flat_views():
+    q = Builder()
+    qb = q.buf("q", (1, 16))
+    kc, vc = q.buf("k", (8, 2, 4), KV), q.buf("v", (8, 2, 4), KV)
+    out = q.buf("o", (1, 16))
+    q2d, out2d = q.buf("q2", (4, 4)), q.buf("o2", (4, 4))
+    base = {"head_dim": 4, "n_heads": 4, "n_kv_heads": 2, "h_off": 2, "h_count": 2}
+    q.task(K.ATTENTION_TILE, [qb, kc, vc], [out], base)
+    assert regions_of(q, 0) == ([Region(0, 8, 16), Region(1, 0, 4), Region(2, 0, 4)],
+                                [Region(3, 8, 16)])
+    q.task(K.ATTENTION_TILE, [q2d, kc, vc], [out2d], base)        # not flat: whole buffers
+    assert regions_of(q, 1) == ([Region(1, 0, 4), Region(2, 0, 4), Region(4, 0, 4)],
+                                [Region(5, 0, 4)])
+    q.task(K.ATTENTION_TILE, [qb, kc, vc], [out], {"head_dim": 4, "n_heads": 4, "n_kv_heads": 2})
+    assert regions_of(q, 2)[1] == [Region(3, 0, 16)]
+
+
+def test_kv_append_writes_the_whole_cache():
+    p = attention()
+    assert regions_of(p, 0) == ([Region(0, 0, 1), Region(2, 0, 8)], [Region(4, 0, 4)])
+
+
+def test_fused_is_the_union_of_external_step_regions():
+    p = fused()   # x, w, r -> y; step 0 gemv tile into scratch, step 1 add(scratch, r) -> final
+    assert regions_of(p, 1) == ([Region(0, 0, 16), Region(1, 0, 16), Region(2, 16, 32)],
+                                [Region(3, 16, 32)])
+
+
+def test_dependencies_of_tiled_program():
+    assert dependencies(tiled().build()) == [(), (), (0,), (1,), (2, 3)]
+
+
+def test_dependencies_raw_war_waw_on_partial_overlaps():
+    q = Builder()
+    x, a, b = q.buf("x", (1, 16), IN), q.buf("a", (1, 16)), q.buf("b", (1, 16))
+    q.task(K.COPY, [x], [a], {"n_off": 0, "N_tile": 8})           # t0 a[0:8]
+    q.task(K.COPY, [x], [a], {"n_off": 8, "N_tile": 8})           # t1 a[8:16]
+    q.task(K.COPY, [a], [b], {"n_off": 4, "N_tile": 8})           # t2 reads a[4:12]
+    q.task(K.COPY, [x], [a])                                      # t3 overwrites all of a
+    q.task(K.COPY, [a], [b])                                      # t4 reads a, rewrites b
+    prog = q.build()
+    assert dependencies(prog) == [(), (), (0, 1), (0, 1, 2), (2, 3)]
+    kinds = {(h.earlier, h.later): (h.kind, h.buffer, h.lo, h.hi)
+             for hs in hazards(prog.buffers, prog.tasks) for h in hs}
+    assert kinds[(0, 2)] == (RAW, 1, 4, 8) and kinds[(1, 2)] == (RAW, 1, 8, 12)
+    assert kinds[(2, 3)] == (WAR, 1, 4, 12)
+    assert kinds[(0, 3)] == (WAW, 1, 0, 4) and kinds[(1, 3)] == (WAW, 1, 12, 16)
+    assert kinds[(3, 4)] == (RAW, 1, 0, 16) and kinds[(2, 4)] == (WAW, 2, 4, 12)
+    # the (buffers, tasks) forms give the same answer
+    assert dependencies(prog.buffers, prog.tasks) == dependencies((prog.buffers, prog.tasks))
+
+
+def test_dependencies_in_place_and_readers_since_last_write():
+    q = Builder()
+    x, a = q.buf("x", (1, 4), IN), q.buf("a", (1, 4))
+    q.task(K.COPY, [x], [a])                                      # t0 writes a
+    q.task(K.GELU, [a], [a])                                      # t1 in place: RAW t0 only
+    q.task(K.COPY, [a], [q.buf("b", (1, 4), OUT)])                # t2 RAW t1
+    q.task(K.COPY, [a], [q.buf("c", (1, 4), OUT)])                # t3 RAW t1
+    q.task(K.COPY, [x], [a])                                      # t4 WAR t2, t3 (not t1, t0)
+    assert dependencies(q.build()) == [(), (0,), (1,), (1,), (2, 3)]
+
+
+def test_dependencies_of_attention_and_big_program():
+    # each combine reads only its head group's rows of the partials
+    assert dependencies(attention().build()) == [(), (), (0, 1), (0, 1), (0, 1), (0, 1),
+                                                 (2, 3), (4, 5)]
+    deps = dependencies(big_program(layers=5).build())
+    assert deps[:4] == [(), (), (), ()]
+    assert deps[4] == (0, 1, 2, 3)            # RAW on h0 from every tile of layer 0
+    assert deps[8] == (4, 5, 6, 7)            # WAR on h0 (layer 1 read it) subsumes WAW on layer 0
+
+
+def test_weights_never_create_dependencies():
+    deps = dependencies(big_program(layers=3).build())
+    assert all(d < i for i, ds in enumerate(deps) for d in ds)
+    q = Builder()
+    w = q.buf("w", (4, 4), W)
+    x = q.buf("x", (1, 4), IN)
+    for _ in range(3):
+        q.task(K.GEMV_TILE, [x, w], [q.buf("y", (1, 4))], {"n_off": 0, "N_tile": 4, "K": 4})
+    assert dependencies(q.build()) == [(), (), ()]
+    _ = DType
