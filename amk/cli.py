@@ -1,0 +1,161 @@
+"""The `amk` command line: generate text, dump a model's IR stage by stage, benchmark a step.
+
+    amk generate --model smollm2-135m --prompt "The capital of France is" --max-new-tokens 16
+    amk ir --model smollm2-135m --dump DIR [--stats]
+    amk bench --model smollm2-135m
+
+stdout carries only the result (the generated text, the stats); progress and timings go to
+stderr, so `amk generate ... > out.txt` captures just the text.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+err = Console(stderr=True)
+
+
+@contextmanager
+def _status(text: str):
+    t0 = time.perf_counter()
+    with err.status(text):
+        yield
+    err.print(f"[dim]{text.rstrip('.')}: {time.perf_counter() - t0:.1f} s[/dim]")
+
+
+def load_model(name: str, max_seq: int):
+    """A known model name (amk.models.gguf.KNOWN), a .gguf file, or a local transformers directory."""
+    import amk.models as models
+    if name.endswith(".gguf"):
+        return models.load_gguf(name, max_seq=max_seq)[0]
+    if name in models.gguf.KNOWN:
+        return models.load(name, max_seq=max_seq)[0]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    hf = AutoModelForCausalLM.from_pretrained(name)
+    return models.from_hf(hf, max_seq=max_seq, tokenizer=AutoTokenizer.from_pretrained(name))
+
+
+def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
+    tok = model.tokenizer
+    if chat:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tok(prompt).input_ids
+
+
+def cmd_generate(args) -> int:
+    with _status(f"loading {args.model}..."):
+        model = load_model(args.model, args.max_seq)
+    ids = _prompt_ids(model, args.prompt, args.chat)
+    with _status(f"tracing and compiling the decode step ({args.backend or 'default backend'})..."):
+        model.jit(args.backend).lower(*model.example_args())
+    steps = len(ids) + args.max_new_tokens - 1
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+    with progress:
+        task = progress.add_task("generating", total=args.max_new_tokens)
+        t0 = time.perf_counter()
+        new = model.generate(ids, args.max_new_tokens, backend=args.backend,
+                             eos_token_id=None if args.ignore_eos else model.tokenizer.eos_token_id,
+                             on_token=lambda i, *_: progress.update(task, completed=i + 1))
+        dt = time.perf_counter() - t0
+    text = model.decode(new)
+    print(text if args.no_prompt else args.prompt + text, flush=True)
+    err.print(f"[dim]{len(new)} new tokens ({len(ids)} prompt); {steps} decode steps in {dt:.2f} s = "
+              f"{steps / dt:.1f} steps/s[/dim]")
+    return 0
+
+
+def cmd_ir(args) -> int:
+    # Thin on purpose: the stage texts and dumps belong to amk.passes (the lead's), this only
+    # picks the model and the output folder.
+    import os
+    from pathlib import Path
+    with _status(f"loading {args.model}..."):
+        model = load_model(args.model, args.max_seq)
+    os.environ["AMK_DUMP_IR"] = str(Path(args.dump).resolve())  # dump_stages reads the knob
+    with _status("tracing and running the passes..."):
+        low = model.lower(args.backend)
+    if args.stats:
+        prog = low.program
+        print(f"graph: {len(low.graph.eqns)} equations")
+        print(f"program: {len(prog.buffers)} buffers, {len(prog.counters)} counters, {len(prog.tasks)} tasks")
+        for k, v in low.timings.items():
+            print(f"{k}: {v * 1e3:.1f} ms")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    # A placeholder until bench/ lands: times the jitted decode step at one context length.
+    import torch
+    with _status(f"loading {args.model}..."):
+        model = load_model(args.model, args.max_seq)
+    step = model.jit(args.backend)
+    params, token, pos, kv = model.example_args()
+    pos.fill_(min(args.context, model.config.max_seq - 1))
+    for _ in range(args.warmup):
+        _, _, kv = step(params, token, pos, kv)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        _, _, kv = step(params, token, pos, kv)
+    sync()
+    dt = (time.perf_counter() - t0) / args.iters
+    print(f"{args.model} backend={args.backend or 'default'} context={int(pos[0])}: "
+          f"{dt * 1e3:.3f} ms/step ({1 / dt:.1f} steps/s)")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="amk", description="AMK: a model's decode step as one megakernel")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def model_args(sp, max_seq=2048):
+        sp.add_argument("--model", default="smollm2-135m",
+                        help="smollm2-135m, a .gguf file, or a transformers model directory")
+        sp.add_argument("--backend", choices=["reference", "cuda", "triton"], default=None,
+                        help="default: cuda with a GPU, else reference (AMK_BACKEND overrides)")
+        sp.add_argument("--max-seq", type=int, default=max_seq, help="KV cache length")
+
+    g = sub.add_parser("generate", help="greedy generation through the compiled decode step")
+    model_args(g, max_seq=512)
+    g.add_argument("--prompt", default="The capital of France is")
+    g.add_argument("--max-new-tokens", type=int, default=16)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    g.add_argument("--no-prompt", action="store_true", help="print only the continuation")
+    g.set_defaults(fn=cmd_generate)
+
+    i = sub.add_parser("ir", help="dump the graph and every pass's program text")
+    model_args(i, max_seq=512)
+    i.add_argument("--dump", required=True, metavar="DIR")
+    i.add_argument("--stats", action="store_true", help="print graph/program sizes and pass timings")
+    i.set_defaults(fn=cmd_ir)
+
+    b = sub.add_parser("bench", help="time one decode step (placeholder until bench/ lands)")
+    model_args(b)
+    b.add_argument("--context", type=int, default=0)
+    b.add_argument("--iters", type=int, default=20)
+    b.add_argument("--warmup", type=int, default=3)
+    b.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from amk.errors import AmkError
+    try:
+        return args.fn(args)
+    except AmkError as e:
+        err.print(f"[red]amk {args.cmd}: {type(e).__name__}: {e}[/red]")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

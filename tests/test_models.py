@@ -1,0 +1,105 @@
+"""from_hf on tiny random transformers models: AMK's greedy tokens equal transformers' greedy
+generate, and AMK's logits match transformers' at every step (float32, reference backend)."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import amk  # noqa: E402
+from amk.models import from_hf  # noqa: E402
+
+VOCAB, PROMPT, NEW = 96, 5, 20
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            initializer_range=0.15, rms_norm_eps=1e-5)
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+CASES = {
+    "llama3_tied": (transformers.LlamaConfig, dict(rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True)),
+    "qwen2_bias": (transformers.Qwen2Config, dict(rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "qwen3_qknorm": (transformers.Qwen3Config, dict(head_dim=32)),
+    "mistral": (transformers.MistralConfig, dict(sliding_window=None)),
+}
+
+
+def tiny_hf(cls, seed=0, **kw):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cls(**TINY, **kw)).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a dropped one changes the output
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_greedy(model, ids, new):
+    with torch.no_grad():
+        # an explicit mask: otherwise HF treats prompt tokens equal to pad_token_id as padding
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                             do_sample=False, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+    return out.sequences[:, ids.shape[1]:].tolist(), [l.float() for l in out.logits]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_greedy_tokens_and_logits_match_transformers(case):
+    cls, kw = CASES[case]
+    hf = tiny_hf(cls, **kw)
+    ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    ref_ids, ref_logits = hf_greedy(hf, ids, NEW)
+    model = from_hf(hf, max_seq=32)
+    got_ids, got_logits = model.generate(ids[0], NEW, backend="reference", return_logits=True)
+    assert got_ids == ref_ids[0]
+    assert len(got_logits) == NEW
+    for step, (got, ref) in enumerate(zip(got_logits, ref_logits)):
+        rel = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert rel < 1e-4, f"{case}: step {step} logits differ by {rel:.2e} (relative)"
+
+
+def test_weights_are_shared_not_copied():
+    hf = tiny_hf(transformers.Qwen2Config)
+    p = from_hf(hf, max_seq=16).params
+    layer = hf.model.layers[1]
+    assert p["layers"][1]["wk"].data_ptr() == layer.self_attn.k_proj.weight.data_ptr()
+    assert p["layers"][1]["bq"].data_ptr() == layer.self_attn.q_proj.bias.data_ptr()
+    assert p["lm_head"].data_ptr() == hf.lm_head.weight.data_ptr()
+
+
+def test_yarn_attention_scaling_is_folded_into_the_softmax_scale():
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
+    hf = tiny_hf(transformers.LlamaConfig, rope_parameters=rope)
+    assert hf.model.rotary_emb.attention_scaling != 1.0
+    ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    ref_ids, _ = hf_greedy(hf, ids, 8)
+    assert from_hf(hf, max_seq=16).generate(ids[0], 8, backend="reference") == ref_ids[0]
+
+
+def test_batch_of_two_prompts():
+    hf = tiny_hf(transformers.Qwen3Config, head_dim=16)
+    ids = torch.randint(0, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(3))
+    ref_ids, _ = hf_greedy(hf, ids, 6)
+    assert from_hf(hf, max_seq=16).generate(ids, 6, backend="reference") == ref_ids
+
+
+def test_unsupported_architecture_is_a_clear_error():
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    with pytest.raises(amk.TraceError, match="model_type 'gpt2' is not supported"):
+        from_hf(transformers.GPT2LMHeadModel(cfg))
+
+
+def test_missing_weight_is_named():
+    hf = tiny_hf(transformers.Qwen2Config)
+    hf.model.layers[1].self_attn.v_proj.bias = None
+    with pytest.raises(amk.TraceError, match=r"model\.layers\.1\.self_attn\.v_proj\.bias"):
+        from_hf(hf)
+
+
+def test_sliding_window_narrower_than_the_cache_is_refused():
+    hf = tiny_hf(transformers.MistralConfig, sliding_window=8)
+    with pytest.raises(amk.TraceError, match="sliding window"):
+        from_hf(hf, max_seq=32)
+    assert from_hf(hf, max_seq=8).config.max_seq == 8

