@@ -390,3 +390,38 @@ def test_fused_malformed_recipe_is_a_clear_error():
         launch_op(K.FUSED, [x], [poisoned((4,))], {"recipe": bad})
     with pytest.raises(ValidationError, match="non-empty"):
         launch_op(K.FUSED, [x], [poisoned((4,))], {"recipe": {"steps": []}})
+
+
+# ---------------------------------------------------------------------------- whole program
+def _programs():
+    """The hand-built decode program shared with tests/gpu/test_triton_gpu.py (imported from
+    its file: that module compiles nothing at import)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parent / "gpu" / "test_triton_gpu.py"
+    spec = importlib.util.spec_from_file_location("_triton_gpu_programs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decode_program_matches_reference_vm_over_steps():
+    mod = _programs()
+    program, make = mod.decode_layer_program()
+    mod.run_steps_vs_reference(program, make, "cpu", [(7, 0), (50, 2), (1, 15)])
+
+
+def test_backend_refuses_invalid_programs_and_bad_bindings():
+    from amk.errors import TraceError
+    from amk.backends.triton.backend import TritonProgram
+    program, make = _programs().decode_layer_program()
+    broken = program.with_(tasks=tuple(t.with_(waits=()) for t in program.tasks))
+    with pytest.raises(ValidationError, match="refuses"):
+        TritonProgram(broken, device="cpu")
+    tp = TritonProgram(program, device="cpu")
+    b = make("cpu")
+    del b["wq"]
+    b["kv.k"] = b["kv.k"].to(torch.float64)
+    with pytest.raises(TraceError, match="wq") as e:
+        tp.run(b)
+    assert "kv.k" in str(e.value)
