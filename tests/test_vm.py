@@ -353,3 +353,13 @@ def test_error_inside_a_task_names_the_task():
     with pytest.raises(TraceError, match="outside the cache") as e:
         vm.run(decode_bindings(w, kv, 1, S))                 # pos past the cache
     assert any("kv_append" in n and "KV_APPEND" in n for n in e.value.__notes__)
+
+
+def test_rebinding_a_weight_between_runs_takes_effect():
+    prog = tiled_gemv()
+    vm = ReferenceVM(prog)
+    x, W1, W2 = rnd(1, 8, seed=4), rnd(16, 8, seed=5).bfloat16(), rnd(16, 8, seed=6).bfloat16()
+    for W in (W1, W2, W1):
+        y = x @ W.float().T
+        torch.testing.assert_close(vm.run({"x": x, "W": W})[0], F.silu(y) * y, rtol=1e-5, atol=1e-5)
+    assert vm.last_stats.epoch == 3

@@ -120,6 +120,7 @@ class ReferenceVM:
             if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT):
                 self._slots[b.id] = torch.zeros(b.shape, dtype=b.dtype.torch, device=self.device)
         self._bound = [b for b in prog.buffers if b.kind in BOUND_KINDS]
+        self._args: tuple[list[list], list[list]] | None = None     # built on the first run
 
     def _queue_problems(self) -> list[str]:
         seen: dict[int, int] = {}
@@ -197,25 +198,47 @@ class ReferenceVM:
             out.append(t if self.program.buffers[bid].kind == BufferKind.KV_CACHE else t.clone())
         return out
 
+    def _task_args(self) -> tuple[list[list], list[list]]:
+        """Per-task input/output tensor lists, built once; later runs patch only the entries
+        of bound buffers whose tensor object changed (new token/pos tensors each step)."""
+        slots = self._slots
+        if self._args is None:
+            tasks = self.program.tasks
+            self._args = ([[slots[b] for b in t.inputs] for t in tasks],
+                          [[slots[b] for b in t.outputs] for t in tasks])
+            self._params = [t.params for t in tasks]
+            self._uses = {b.id: [] for b in self._bound}
+            for t in tasks:
+                for side, bids in ((0, t.inputs), (1, t.outputs)):
+                    for i, b in enumerate(bids):
+                        if b in self._uses:
+                            self._uses[b].append((side, t.id, i))
+        else:
+            for b, uses in self._uses.items():
+                tensor = slots[b]
+                if uses and self._args[uses[0][0]][uses[0][1]][uses[0][2]] is not tensor:
+                    for side, t, i in uses:
+                        self._args[side][t][i] = tensor
+        return self._args
+
     # ------------------------------------------------------------------ scheduling
     def _schedule(self, epoch: int, exec_order: list[int], t0: float) -> None:
-        tasks, fns, outc, vals, slots = self.program.tasks, self._fn, self._out, self._values, self._slots
+        tasks, fns, outc, vals = self.program.tasks, self._fn, self._out, self._values
         n = len(tasks)
-        ins = [[slots[b] for b in t.inputs] for t in tasks]
-        outs = [[slots[b] for b in t.outputs] for t in tasks]
-        params = [t.params for t in tasks]
+        ins, outs = self._task_args()
+        params = self._params
         ctx = self.ctx
         deadline = t0 + knobs.vm_timeout_s()
 
-        # unmet[t]: waits of t not yet satisfied; waiting[c][v]: tasks that need counter c == v.
+        # unmet[t]: waits of t not yet satisfied; waiting[(c, v)]: tasks that need counter c == v.
         unmet = [0] * n
-        waiting: list[dict[int, list[int]]] = [{} for _ in vals]
+        waiting: dict[tuple[int, int], list[int]] = {}
         for t in range(n):
             for c, thr in self._waits[t]:
                 need = thr * epoch
                 if vals[c] < need:
                     unmet[t] += 1
-                    waiting[c].setdefault(need, []).append(t)
+                    waiting.setdefault((c, need), []).append(t)
 
         ready: list[int] = [t for t in range(n) if unmet[t] == 0]
         rng = self._rng
@@ -241,7 +264,7 @@ class ReferenceVM:
             exec_order.append(t)
             c = outc[t]
             vals[c] += 1
-            for u in waiting[c].pop(vals[c], ()):
+            for u in waiting.pop((c, vals[c]), ()):
                 unmet[u] -= 1
                 if unmet[u] == 0:
                     push(u)
