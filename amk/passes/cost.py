@@ -1,0 +1,105 @@
+"""The cost model `place` balances: bytes moved (weights + activations) and flops, per task.
+
+A task's time on one SM is max(bytes / per-SM bandwidth, flops / per-SM flop rate) plus a fixed
+dispatch overhead (Target.task_overhead_ns). Decode is memory-bound, so bytes dominate: a GEMV
+tile counts the weight rows it streams, its input vector and its output columns. Attention
+counts the KV rows of its shard (the full shard: the model is sized for the longest context).
+FUSED counts each step with scratch operands free (they stay on chip).
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple, Sequence
+
+from amk.passes.options import H200, Target
+from amk.program.ir import Buffer, InstructionKind as K, Task
+
+GEMV = (K.GEMV_TILE, K.GEMM_TILE)
+
+
+class Cost(NamedTuple):
+    bytes: float
+    flops: float
+
+    def __add__(self, o):  # type: ignore[override]
+        return Cost(self.bytes + o.bytes, self.flops + o.flops)
+
+
+def _tile_frac(params: Mapping, cols: int) -> float:
+    if "N_tile" in params and cols:
+        return min(1.0, int(params["N_tile"]) / cols)
+    return 1.0
+
+
+def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: Mapping,
+              out_cols: int | None) -> Cost:
+    """Cost of one primitive op; None operands are on-chip scratch (free)."""
+    if op in GEMV and len(ins) >= 2 and ins[1] is not None:
+        w = ins[1]
+        n = w.shape[0]
+        frac = min(1.0, int(params.get("N_tile", n)) / max(n, 1))
+        k = int(params.get("K", w.shape[-1]))
+        nb = sum(b.nbytes for b in ins[1:] if b is not None) * frac
+        x = ins[0]
+        m = (x.numel // max(k, 1)) if x is not None else 1
+        if x is not None:
+            nb += x.nbytes
+        if out is not None:
+            nb += out.nbytes * frac
+        return Cost(nb, 2.0 * m * k * n * frac)
+    if op is K.ATTENTION_TILE and len(ins) >= 3 and ins[1] is not None:
+        kc = ins[1]
+        hd = int(params.get("head_dim", kc.shape[-1]))
+        nkv = int(params.get("n_kv_heads", kc.shape[-2]))
+        nh = int(params.get("n_heads", nkv))
+        hc = int(params.get("h_count", nh))
+        kvh = max(1, hc * nkv // max(nh, 1))
+        rows = int(params.get("kv_len", kc.shape[-3]))
+        batch = kc.numel // (kc.shape[-3] * kc.shape[-2] * kc.shape[-1])
+        nb = 2.0 * batch * rows * kvh * hd * kc.dtype.itemsize
+        nb += sum(b.nbytes * hc / max(nh, 1) for b in (ins[0], out) if b is not None)
+        return Cost(nb, 4.0 * batch * hc * rows * hd)
+    if op is K.KV_APPEND:
+        nb = 2.0 * ins[0].nbytes if ins and ins[0] is not None else 0.0
+        return Cost(nb, 0.0)
+    cols = out_cols or 0
+    frac = _tile_frac(params, cols)
+    if op is K.ATTENTION_COMBINE and "h_count" in params:
+        frac = int(params["h_count"]) / max(int(params.get("n_heads", 1)), 1)
+    nb = 0.0
+    elems = 0.0
+    for b in ins:
+        if b is not None:
+            f = frac if (b.cols == cols or op is K.ATTENTION_COMBINE) else 1.0
+            nb += b.nbytes * f
+            elems += b.numel * f
+    if out is not None:
+        nb += out.nbytes * frac
+    return Cost(nb, 4.0 * elems)
+
+
+def task_cost(task: Task, buffers: Sequence[Buffer]) -> Cost:
+    if task.op is not K.FUSED:
+        out = buffers[task.outputs[0]] if task.outputs else None
+        return step_cost(task.op, [buffers[b] for b in task.inputs], out, task.params,
+                         out.cols if out is not None else None)
+    total = Cost(0.0, 0.0)
+    for st in task.params["recipe"]["steps"]:
+        ins = [buffers[task.inputs[a["in"]]] if "in" in a else None for a in st.get("args", [])]
+        o = st["out"]
+        if o == "final" or o == -1:
+            out = buffers[task.outputs[0]]
+        elif isinstance(o, dict):
+            out = buffers[task.outputs[o["o"]]]
+        else:
+            out = None
+        cols = out.cols if out is not None else (st.get("out_shape") or [0])[-1]
+        total = total + step_cost(K(int(st["op"])), ins, out, st.get("params", {}), cols)
+    return total
+
+
+def cost_ns(task: Task, buffers: Sequence[Buffer], target: Target = H200) -> float:
+    c = task_cost(task, buffers)
+    sms = max(target.num_sms, 1)
+    mem = c.bytes / (target.mem_bw / sms) * 1e9
+    comp = c.flops / (target.flops / sms) * 1e9
+    return max(mem, comp) + target.task_overhead_ns

@@ -1,0 +1,264 @@
+"""fuse: fold producer -> consumer chains into FUSED recipe tasks (docs/PROGRAM.md, FUSED).
+
+One rewrite, applied to producers in program order: a producer A whose single output Y is a
+private ACTIVATION is *inlined* into every task that reads Y, and then deleted:
+  consumer' = FUSED[ A's steps writing a scratch shaped and typed like Y ; consumer's steps
+              reading that scratch instead of Y ]
+It is allowed when, for every reader B,
+  * (root op of A, root op of B) is a fuse rule (opts.rules; a FUSED task's root op is the op of
+    the step writing its first output), e.g. RMSNORM -> GEMV_TILE, GEMV_TILE -> ADD;
+  * B reads only columns of Y that A writes (the scratch holds exactly those), and no task
+    between A and B writes what A reads (A now runs at B's place);
+  * A is cheap to recompute (norms, rope, elementwise) if it has several readers: an rmsnorm is
+    recomputed by each q/k/v tile, a GEMV tile is never duplicated.
+Chains follow from the order: norm -> gate tile, norm -> up tile, then gate tile' -> silu tile,
+up tile' -> silu tile' (the duplicate norm step is merged by common-step elimination).
+Every scratch carries the unfused buffer's shape and dtype, so the result is bit-identical.
+Buffers nobody touches any more are dropped and ids renumbered densely; then `resync`.
+"""
+from __future__ import annotations
+
+import json
+from bisect import bisect_left, bisect_right, insort
+from typing import Any
+
+from amk.passes.options import PassOptions
+from amk.passes.sync import resync
+from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
+from amk.program.regions import Region, task_regions
+
+# Ops cheap enough to recompute in every reader (no weight matrix streamed).
+CHEAP = frozenset({K.RMSNORM, K.LAYERNORM, K.ROPE, K.ADD, K.MUL, K.SILU_MUL, K.GELU, K.COPY})
+READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
+_RECIPE_DTYPE = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16",
+                 DType.I32: "int32", DType.I8: "int8"}
+
+# A step while fusing: args/out are ("b", buffer id) or ("s", scratch id); scratch ids are
+# unique across the whole pass, and renumbered per task at the end.
+Step = dict
+
+
+def recipe_dtype(dt: DType) -> str:
+    return _RECIPE_DTYPE.get(dt, dt.short)
+
+
+def steps_of(task: Task, fresh) -> list[Step]:
+    if task.op is not K.FUSED:
+        return [{"op": int(task.op), "args": [("b", b) for b in task.inputs],
+                 "out": ("b", task.outputs[0]), "params": dict(task.params)}]
+    local: dict[int, int] = {}
+    steps = []
+    for st in task.params["recipe"]["steps"]:
+        args = [("b", task.inputs[a["in"]]) if "in" in a else ("s", local[a["s"]])
+                for a in st.get("args", [])]
+        o = st["out"]
+        if o == "final" or o == -1:
+            out = ("b", task.outputs[0])
+        elif isinstance(o, dict):
+            out = ("b", task.outputs[o["o"]])
+        else:
+            local[o] = fresh()
+            out = ("s", local[o])
+        s = {"op": int(st["op"]), "args": args, "out": out, "params": dict(st.get("params", {}))}
+        for k in ("out_shape", "out_dtype"):
+            if k in st:
+                s[k] = st[k]
+        steps.append(s)
+    return steps
+
+
+def root_op(task: Task) -> K:
+    if task.op is not K.FUSED:
+        return task.op
+    for st in task.params["recipe"]["steps"]:
+        if st["out"] in ("final", -1) or st["out"] == {"o": 0}:
+            return K(int(st["op"]))
+    return K.FUSED
+
+
+def _cse(steps: list[Step]) -> list[Step]:
+    """Drop a step identical to an earlier scratch-writing one (same op, args, params, type)."""
+    seen: dict[str, tuple] = {}
+    alias: dict[tuple, tuple] = {}
+    out = []
+    for st in steps:
+        st = {**st, "args": [alias.get(a, a) for a in st["args"]]}
+        if st["out"][0] == "s":
+            key = json.dumps([st["op"], st["args"], st["params"], st.get("out_shape"),
+                              st.get("out_dtype")], sort_keys=True, default=str)
+            if key in seen:
+                alias[st["out"]] = seen[key]
+                continue
+            seen[key] = st["out"]
+        out.append(st)
+    return out
+
+
+def to_task(steps: list[Step], like: Task) -> Task:
+    """A FUSED task writing like.outputs, from global-ref steps."""
+    inputs: list[int] = []
+    pos: dict[int, int] = {}
+    scratch: dict[int, int] = {}
+    out_index = {b: k for k, b in enumerate(like.outputs)}
+    rsteps = []
+    for st in steps:
+        args = []
+        for kind, v in st["args"]:
+            if kind == "b":
+                if v not in pos:
+                    pos[v] = len(inputs)
+                    inputs.append(v)
+                args.append({"in": pos[v]})
+            else:
+                args.append({"s": scratch[v]})
+        kind, v = st["out"]
+        if kind == "b":
+            k = out_index[v]
+            out: Any = "final" if k == 0 else {"o": k}
+        else:
+            out = scratch.setdefault(v, len(scratch))
+        r = {"op": st["op"], "args": args, "out": out, "params": st["params"]}
+        for key in ("out_shape", "out_dtype"):
+            if key in st:
+                r[key] = st[key]
+        rsteps.append(r)
+    return like.with_(op=K.FUSED, inputs=tuple(inputs), params={"recipe": {"steps": rsteps}})
+
+
+class _Readers:
+    """Which tasks read which column ranges of each buffer (kept current while fusing)."""
+
+    def __init__(self):
+        self.keys: dict[int, list[tuple[int, int]]] = {}
+        self.sets: dict[tuple[int, int, int], set[int]] = {}
+        self.maxw: dict[int, int] = {}
+
+    def add(self, t: int, regions: list[Region]) -> None:
+        for r in regions:
+            k = (r.buffer, r.lo, r.hi)
+            s = self.sets.get(k)
+            if s is None:
+                s = self.sets[k] = set()
+                insort(self.keys.setdefault(r.buffer, []), (r.lo, r.hi))
+                self.maxw[r.buffer] = max(self.maxw.get(r.buffer, 0), r.hi - r.lo)
+            s.add(t)
+
+    def remove(self, t: int, regions: list[Region]) -> None:
+        for r in regions:
+            self.sets[(r.buffer, r.lo, r.hi)].discard(t)
+
+    def overlapping(self, r: Region) -> set[int]:
+        keys = self.keys.get(r.buffer, [])
+        i = bisect_left(keys, (r.lo - self.maxw.get(r.buffer, 0) + 1, -1))
+        j = bisect_left(keys, (r.hi, -1))
+        out: set[int] = set()
+        for lo, hi in keys[i:j]:
+            if hi > r.lo:
+                out |= self.sets[(r.buffer, lo, hi)]
+        return out
+
+
+def drop_unused_buffers(program: Program) -> Program:
+    """Remove ACTIVATION buffers no task touches; renumber buffer ids densely."""
+    used = set(program.outputs)
+    for t in program.tasks:
+        used.update(t.inputs)
+        used.update(t.outputs)
+    keep = [b for b in program.buffers if b.kind is not BufferKind.ACTIVATION or b.id in used]
+    if len(keep) == len(program.buffers):
+        return program
+    return remap_buffers(program, {b.id: i for i, b in enumerate(keep)},
+                         [b for b in keep])
+
+
+def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) -> Program:
+    """Buffers `keep` (old objects) get ids 0..; every task/output reference goes via new_id."""
+    buffers = tuple(Buffer(i, b.name, b.kind, b.dtype, b.shape, b.source)
+                    for i, b in enumerate(keep))
+    tasks = tuple(t.with_(inputs=tuple(new_id[b] for b in t.inputs),
+                          outputs=tuple(new_id[b] for b in t.outputs)) for t in program.tasks)
+    return program.with_(buffers=buffers, tasks=tasks,
+                         outputs=tuple(new_id[b] for b in program.outputs))
+
+
+def fuse(program: Program, opts: PassOptions | None = None) -> Program:
+    opts = opts or PassOptions()
+    if not opts.fuse:
+        return program
+    rules = {(K[a], K[b]) for a, b in opts.rules}
+    producer_ops = {a for a, _ in rules}
+    bufs = program.buffers
+    outputs = set(program.outputs)
+    tasks: list[Task | None] = list(program.tasks)
+    regions = [task_regions(t, bufs) for t in tasks]
+    readers = _Readers()
+    writers: dict[int, list[int]] = {}
+    for i, (r, w) in enumerate(regions):
+        readers.add(i, r)
+        for x in w:
+            writers.setdefault(x.buffer, []).append(i)
+    counter = [0]
+
+    def fresh() -> int:
+        counter[0] += 1
+        return counter[0]
+
+    def written_between(buf: int, a: int, b: int) -> bool:
+        ws = writers.get(buf, [])
+        return bisect_right(ws, a) < bisect_left(ws, b)
+
+    for a in range(len(tasks)):
+        A = tasks[a]
+        if A is None or len(A.outputs) != 1 or root_op(A) not in producer_ops:
+            continue
+        y = A.outputs[0]
+        if bufs[y].kind is not BufferKind.ACTIVATION or y in outputs:
+            continue
+        a_reads, a_writes = regions[a]
+        wy = [r for r in a_writes if r.buffer == y]
+        if len(wy) != 1 or len(a_writes) != 1:
+            continue
+        wy0 = wy[0]
+        users = sorted(readers.overlapping(wy0) - {a})
+        if not users or users[0] < a:
+            continue
+        a_steps = steps_of(A, fresh)
+        if len(users) > 1 and not all(K(s["op"]) in CHEAP for s in a_steps):
+            continue
+        ra = root_op(A)
+        ok = True
+        for b in users:
+            B = tasks[b]
+            if (ra, root_op(B)) not in rules:
+                ok = False
+            elif any(r.buffer == y and not (wy0.lo <= r.lo and r.hi <= wy0.hi)
+                     for r in regions[b][0]):
+                ok = False
+            elif any(bufs[r.buffer].kind not in READ_ONLY and written_between(r.buffer, a, b)
+                     for r in a_reads):
+                ok = False
+            if not ok:
+                break
+        if not ok or written_between(y, a, users[-1]):
+            continue
+        sid = fresh()
+        yb = bufs[y]
+        head = [{**s, "out": ("s", sid), "out_shape": list(yb.shape),
+                 "out_dtype": recipe_dtype(yb.dtype)} if s["out"] == ("b", y) else s
+                for s in a_steps]
+        tag = "+".join(K(s["op"]).name.lower() for s in a_steps)
+        for b in users:
+            B = tasks[b]
+            tail = [{**s, "args": [("s", sid) if x == ("b", y) else x for x in s["args"]]}
+                    for s in steps_of(B, fresh)]
+            nb = to_task(_cse(head + tail), B).with_(name=f"{B.name} +{tag}")
+            readers.remove(b, regions[b][0])
+            regions[b] = task_regions(nb, bufs)
+            readers.add(b, regions[b][0])
+            tasks[b] = nb
+        readers.remove(a, a_reads)
+        tasks[a] = None
+    kept = tuple(t for t in tasks if t is not None)
+    if len(kept) == len(program.tasks):
+        return program
+    return resync(drop_unused_buffers(program.with_(tasks=kept, queues=())))

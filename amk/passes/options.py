@@ -1,0 +1,86 @@
+"""Pass options: the target machine and every knob the passes read, as plain frozen data.
+
+Tests and benchmarks sweep these (tile sizes, split counts, fusion on/off); a pass never reads
+the environment. `None` for a size means "derive it from the target" (each pass documents how).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the schedule is shaped for. Bandwidth and flops are per whole device."""
+    name: str
+    num_sms: int                    # persistent workers = static queues
+    smem_bytes: int                 # shared memory per SM
+    mem_bw: float = 3.96e12         # bytes/s a large read streams at (measured on H200)
+    flops: float = 989e12           # dense bf16 flop/s
+    max_tile_bytes: int = 128 << 10  # weight bytes per GEMV tile (a few smem pages in flight)
+    min_tile_cols: int = 16         # tile widths are multiples of this (one MMA/warp row block)
+    task_overhead_ns: float = 300.0  # counter wait + dispatch per task, for the cost model
+
+    def with_(self, **kw) -> "Target":
+        return replace(self, **kw)
+
+
+H200 = Target("H200", num_sms=132, smem_bytes=227 << 10, mem_bw=3.96e12, flops=989e12)
+H100 = Target("H100", num_sms=132, smem_bytes=227 << 10, mem_bw=3.0e12, flops=989e12)
+# A few workers with big tiles: what the reference VM and tests on a CPU want (few tasks).
+CPU = Target("CPU", num_sms=4, smem_bytes=1 << 20, mem_bw=50e9, flops=200e9,
+             max_tile_bytes=1 << 20, task_overhead_ns=2000.0)
+
+TARGETS = {t.name: t for t in (H200, H100, CPU)}
+
+# Producer -> consumer chains `fuse` folds, by the op of each task's final step (FUSED tasks
+# match by the op that writes their output). See amk/passes/fuse.py.
+DEFAULT_FUSE_RULES: tuple[tuple[str, str], ...] = (
+    ("RMSNORM", "GEMV_TILE"), ("RMSNORM", "GEMM_TILE"),
+    ("LAYERNORM", "GEMV_TILE"), ("LAYERNORM", "GEMM_TILE"),
+    ("GEMV_TILE", "ADD"), ("GEMM_TILE", "ADD"),
+    ("GEMV_TILE", "SILU_MUL"), ("GEMM_TILE", "SILU_MUL"),
+    ("GEMV_TILE", "ROPE"), ("GEMM_TILE", "ROPE"),
+    ("GEMV_TILE", "KV_APPEND"), ("GEMM_TILE", "KV_APPEND"),
+    ("ROPE", "KV_APPEND"), ("ROPE", "ATTENTION_TILE"),
+)
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    target: Target = H200
+    tile_n: int | None = None         # GEMV/GEMM output columns per tile; None = from target
+    attn_splits: int | None = None    # split-KV shards P per head group; None = from target
+    kv_shard_min: int = 128           # derived P never makes shards shorter than this
+    fuse: bool = True
+    fuse_rules: tuple[tuple[str, str], ...] | None = None   # None = DEFAULT_FUSE_RULES
+    plan_memory: bool = True
+    place: bool = True
+    extra: tuple[tuple[str, object], ...] = field(default=())  # free-form, for experiments
+
+    def with_(self, **kw) -> "PassOptions":
+        return replace(self, **kw)
+
+    @property
+    def rules(self) -> tuple[tuple[str, str], ...]:
+        return DEFAULT_FUSE_RULES if self.fuse_rules is None else tuple(self.fuse_rules)
+
+    @staticmethod
+    def for_backend(backend: str, device=None) -> "PassOptions":
+        """Defaults for a backend: a GPU target shaped like the device for cuda, CPU otherwise."""
+        if backend == "cuda":
+            return PassOptions(target=gpu_target(device))
+        return PassOptions(target=CPU)
+
+
+def gpu_target(device=None) -> Target:
+    """The preset matching the CUDA device's name, with its real SM count and smem."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return H200
+        props = torch.cuda.get_device_properties(device if device is not None else 0)
+    except Exception:  # no driver: shape for the default target
+        return H200
+    base = H100 if "H100" in props.name else H200
+    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or base.smem_bytes)
+    return base.with_(name=props.name, num_sms=int(props.multi_processor_count), smem_bytes=smem)

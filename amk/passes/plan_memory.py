@@ -1,0 +1,71 @@
+"""plan_memory: reuse ACTIVATION buffers across layers by liveness.
+
+A buffer is live from the first task that touches it to the last (program order). Buffers of one
+class (dtype, shape) share storage when their live ranges do not overlap; the free list of each
+class is FIFO, so a buffer is reused as late as possible, which keeps the WAR/WAW waits the reuse
+adds (computed by `resync`) off the critical path. Program order stays a legal sequential
+execution, so the result computes exactly what the input did. Program outputs and buffers that
+are read before they are first written (they rely on zero-initialisation) are never shared.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from amk.passes.fuse import remap_buffers
+from amk.passes.options import PassOptions
+from amk.passes.sync import resync
+from amk.program.ir import BufferKind, Program
+from amk.program.regions import task_regions
+
+
+def plan_memory(program: Program, opts: PassOptions | None = None) -> Program:
+    opts = opts or PassOptions()
+    if not opts.plan_memory:
+        return program
+    bufs = program.buffers
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    read_first: set[int] = set()
+    for t, task in enumerate(program.tasks):
+        for b in task.inputs:
+            if b not in first:
+                first[b] = t
+                read_first.add(b)
+        for b in task.outputs:
+            first.setdefault(b, t)
+        for b in task.inputs + task.outputs:
+            last[b] = t
+    # a buffer whose first toucher both reads and writes it may read stale columns: keep it
+    for t, task in enumerate(program.tasks):
+        for b in task.outputs:
+            if first.get(b) == t and b in task.inputs:
+                reads, _ = task_regions(task, bufs)
+                if any(r.buffer == b for r in reads):
+                    read_first.add(b)
+    pinned = set(program.outputs) | read_first
+    movable = [b for b in bufs if b.kind is BufferKind.ACTIVATION and b.id not in pinned
+               and b.id in first]
+    by_first: dict[int, list[int]] = {}
+    for b in movable:
+        by_first.setdefault(first[b.id], []).append(b.id)
+    by_last: dict[int, list[int]] = {}
+    for b in movable:
+        by_last.setdefault(last[b.id], []).append(b.id)
+
+    home: dict[int, int] = {}                     # buffer -> the buffer whose storage it uses
+    free: dict[tuple, deque[int]] = {}
+    for t in range(len(program.tasks)):
+        for b in by_first.get(t, ()):
+            cls = (bufs[b].dtype, bufs[b].shape)
+            pool = free.get(cls)
+            home[b] = pool.popleft() if pool else b
+        for b in by_last.get(t, ()):
+            cls = (bufs[b].dtype, bufs[b].shape)
+            free.setdefault(cls, deque()).append(home[b])
+    if all(home[b] == b for b in home):
+        return program
+    keep = [b for b in bufs if home.get(b.id, b.id) == b.id]
+    new_id = {b.id: i for i, b in enumerate(keep)}
+    for b, h in home.items():
+        new_id[b] = new_id[h]
+    return resync(remap_buffers(program.with_(queues=()), new_id, keep))

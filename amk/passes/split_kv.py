@@ -1,0 +1,88 @@
+"""split_kv: each decode ATTENTION_TILE becomes G kv-head groups x P KV shards (flash decoding).
+
+Shard p of group g is an ATTENTION_TILE with PARTIAL_WRITE (flags bit 1) over the fixed cache
+rows [p*S, (p+1)*S), S = ceil(max_seq / P), restricted to the q heads of kv head g (h_off,
+h_count). It writes rows [h_off, h_off+h_count) of partial buffer p, an f32 ACTIVATION of
+[.., n_heads*(head_dim+2)] (= [acc | m | l] per head). The runtime pos clamps every shard; a
+shard past pos+1 is empty and writes acc=0, m=-inf, l=0, which the combine weighs 0. One
+ATTENTION_COMBINE per group merges its P partials into the group's heads of the output.
+
+P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
+no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group.
+The split result equals the unsplit attention up to float rounding (online-softmax merge).
+"""
+from __future__ import annotations
+
+from amk.passes.options import PassOptions
+from amk.passes.sync import resync
+from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
+
+PARTIAL_WRITE = 2
+
+
+def shard_count(max_seq: int, groups: int, opts: PassOptions) -> int:
+    if opts.attn_splits is not None:
+        return max(1, min(int(opts.attn_splits), max_seq))
+    by_sms = max(1, opts.target.num_sms // max(groups, 1))
+    by_len = max(1, max_seq // max(opts.kv_shard_min, 1))
+    return max(1, min(by_sms, by_len))
+
+
+def _splittable(t: Task, bufs) -> bool:
+    p = t.params
+    return (t.op is K.ATTENTION_TILE and not int(p.get("flags", 0)) & PARTIAL_WRITE
+            and "h_off" not in p and len(t.inputs) >= 3 and "head_dim" in p and "n_heads" in p)
+
+
+def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
+    opts = opts or PassOptions()
+    bufs = list(program.buffers)
+    next_counter = max((c.id for c in program.counters), default=-1) + 1
+    out: list[Task] = []
+    changed = False
+    for t in program.tasks:
+        if not _splittable(t, bufs):
+            out.append(t)
+            continue
+        p = t.params
+        hd, nh = int(p["head_dim"]), int(p["n_heads"])
+        nkv = int(p.get("n_kv_heads", nh))
+        rep = nh // nkv
+        q, y = bufs[t.inputs[0]], bufs[t.outputs[0]]
+        flat = q.cols == nh * hd and y.cols == nh * hd
+        groups = nkv if flat else 1
+        start = int(p.get("kv_start", 0))
+        length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
+        P = shard_count(length, groups, opts)
+        S = -(-length // P)
+        P = -(-length // S)                       # no shard starts past the end
+        if groups == 1 and P == 1:
+            out.append(t)
+            continue
+        changed = True
+        heads = [{"h_off": g * rep, "h_count": rep} for g in range(groups)] if flat else [{}]
+        if P == 1:
+            out += [t.with_(params={**p, **h}, name=f"{t.name}[kv {g}/{groups}]")
+                    for g, h in enumerate(heads)]
+            continue
+        parts = []
+        for s in range(P):
+            b = Buffer(len(bufs), f"{y.name}.part{s}", BufferKind.ACTIVATION, DType.F32,
+                       tuple(q.shape[:-1]) + (nh * (hd + 2),))
+            bufs.append(b)
+            parts.append(b.id)
+        for g, h in enumerate(heads):
+            for s in range(P):
+                lo = start + s * S
+                sp = {**p, **h, "kv_start": lo, "kv_len": min(S, start + length - lo),
+                      "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
+                out.append(t.with_(outputs=(parts[s],), params=sp,
+                                   name=f"{t.name}[kv {g}/{groups} shard {s}/{P}]"))
+        for g, h in enumerate(heads):
+            cp = {"head_dim": hd, "n_heads": nh, **h}
+            out.append(Task(0, K.ATTENTION_COMBINE, tuple(parts), t.outputs, cp, (), next_counter,
+                            f"{t.name}[combine {g}/{groups}]"))
+        next_counter += 1
+    if not changed:
+        return program
+    return resync(program.with_(buffers=tuple(bufs), tasks=tuple(out), queues=()))

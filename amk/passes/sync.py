@@ -1,0 +1,259 @@
+"""Dependencies at scale, and `resync`: recompute every task's waits from its data dependencies.
+
+The hazard rule is `amk.program.deps`' (RAW on the last writer, WAR on the readers since, else WAW),
+over `task_regions`. This module computes the same edges, but a decode program after tiling and
+fusion has ~20k tasks whose direct edges are all-to-all between consecutive tiled ops (~2M
+edges), so edges are never listed one by one in Python:
+  * a read's writer set is memoised per (buffer, columns) until the buffer is next written, so
+    the 192 q/k/v tiles that read the whole residual share ONE frozenset;
+  * full-width reads go to a per-buffer list instead of every column segment;
+  * the transitive reduction uses ancestor bitsets (Python ints) per distinct dependency set.
+Tests check the unreduced edges equal `amk.program.deps.dependencies` on small programs.
+
+`resync` is the simple scheme every restructuring pass ends with: tasks that share an out_counter
+and sit next to each other in program order (the tiles of one op) are one group with one counter;
+a consumer waits for the whole group (threshold = group size). `allocate_counters` refines this.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Sequence
+
+from amk.program.ir import Counter, Program, Task, Wait
+from amk.program.regions import Region, task_regions
+
+_EMPTY: frozenset[int] = frozenset()
+
+
+class _Columns:
+    """One buffer's columns: disjoint segments, each with its last writer and readers since."""
+    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "memo")
+
+    def __init__(self, width: int):
+        self.width = max(width, 1)
+        self.starts = [0]
+        self.writer = [-1]
+        self.readers: list[list[int]] = [[]]
+        self.full_from = [0]        # full[full_from[k]:] read segment k since its last write
+        self.full: list[int] = []   # tasks that read every column
+        self.memo: dict[tuple[int, int], frozenset[int]] = {}
+
+    def _split(self, x: int) -> int:
+        if x >= self.width:
+            return len(self.starts)
+        i = bisect_right(self.starts, x) - 1
+        if self.starts[i] == x:
+            return i
+        self.starts.insert(i + 1, x)
+        self.writer.insert(i + 1, self.writer[i])
+        self.readers.insert(i + 1, list(self.readers[i]))
+        self.full_from.insert(i + 1, self.full_from[i])
+        return i + 1
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        lo, hi = max(lo, 0), min(hi, self.width)
+        if lo >= hi:
+            return 0, 0
+        i = self._split(lo)
+        return i, self._split(hi)
+
+    def writers(self, lo: int, hi: int) -> frozenset[int]:
+        """RAW: the last writers of columns [lo, hi) (shared object until the next write)."""
+        key = (lo, hi)
+        got = self.memo.get(key)
+        if got is None:
+            i, j = self.span(lo, hi)
+            got = self.memo[key] = frozenset(w for w in self.writer[i:j] if w >= 0)
+        return got
+
+    def overwritten(self, lo: int, hi: int) -> set[int]:
+        """WAR/WAW: the readers since the last write of each segment, else its last writer."""
+        i, j = self.span(lo, hi)
+        deps: set[int] = set()
+        nfull = len(self.full)
+        min_f = nfull
+        for k in range(i, j):
+            f = self.full_from[k]
+            r = self.readers[k]
+            if r or f < nfull:
+                deps.update(r)
+                if f < min_f:
+                    min_f = f
+            elif self.writer[k] >= 0:
+                deps.add(self.writer[k])
+        if min_f < nfull:
+            deps.update(self.full[min_f:])
+        return deps
+
+    def read(self, lo: int, hi: int, t: int) -> None:
+        if lo <= 0 and hi >= self.width:
+            if not self.full or self.full[-1] != t:
+                self.full.append(t)
+            return
+        i, j = self.span(lo, hi)
+        for k in range(i, j):
+            r = self.readers[k]
+            if not r or r[-1] != t:
+                r.append(t)
+
+    def write(self, lo: int, hi: int, t: int) -> None:
+        if lo <= 0 and hi >= self.width:
+            self.starts, self.writer, self.readers = [0], [t], [[]]
+            self.full, self.full_from = [], [0]
+        else:
+            i, j = self.span(lo, hi)
+            if i >= j:
+                return
+            del self.starts[i + 1:j]
+            self.writer[i:j] = [t]
+            self.readers[i:j] = [[]]
+            self.full_from[i:j] = [len(self.full)]
+        self.memo = {}
+
+
+def task_region_list(program: Program) -> list[tuple[list[Region], list[Region]]]:
+    return [task_regions(t, program.buffers) for t in program.tasks]
+
+
+def direct_dependency_parts(program: Program, regions=None) -> list[list[frozenset[int]]]:
+    """For each task (program order = task index), its direct dependencies as a few frozensets
+    whose union is exactly `amk.program.deps.dependencies(program)[t]`."""
+    if regions is None:
+        regions = task_region_list(program)
+    buffers = program.buffers
+    cols: dict[int, _Columns] = {}
+
+    def of(b: int) -> _Columns:
+        c = cols.get(b)
+        if c is None:
+            c = cols[b] = _Columns(buffers[b].cols)
+        return c
+
+    out: list[list[frozenset[int]]] = []
+    for t, (reads, writes) in enumerate(regions):
+        parts: list[frozenset[int]] = []
+        for r in reads:
+            s = of(r.buffer).writers(r.lo, r.hi)
+            if s:
+                parts.append(s)
+        war: set[int] = set()
+        for w in writes:
+            war |= of(w.buffer).overwritten(w.lo, w.hi)
+        war.discard(t)
+        if war:
+            parts.append(frozenset(war))
+        out.append(parts)
+        for r in reads:
+            of(r.buffer).read(r.lo, r.hi, t)
+        for w in writes:
+            of(w.buffer).write(w.lo, w.hi, t)
+    return out
+
+
+def direct_dependencies(program: Program, regions=None) -> list[tuple[int, ...]]:
+    """Sorted direct dependencies per task (the same edges as amk.program.deps)."""
+    return [tuple(sorted(frozenset().union(*p))) if p else ()
+            for p in direct_dependency_parts(program, regions)]
+
+
+def reduced_dependencies(program: Program, regions=None) -> list[frozenset[int]]:
+    """For each task, its direct dependencies minus those implied through another dependency
+    (the transitive reduction). Equal sets are the same object, so callers can memoise by id."""
+    parts_all = direct_dependency_parts(program, regions)
+    anc: list[int] = [0] * len(parts_all)      # strict ancestors of each task, as a bitset
+    part_info: dict[frozenset[int], tuple[int, int]] = {}
+    filtered: dict[tuple[frozenset[int], int], frozenset[int]] = {}
+    unions: dict[tuple[frozenset[int], ...], frozenset[int]] = {}
+    out: list[frozenset[int]] = []
+    for t, parts in enumerate(parts_all):
+        if not parts:
+            out.append(_EMPTY)
+            continue
+        implied = 0      # ancestors of my dependencies: a dependency in here is redundant
+        mine = 0         # my dependencies
+        for p in parts:
+            info = part_info.get(p)
+            if info is None:
+                a = b = 0
+                for q in p:
+                    a |= anc[q]
+                    b |= 1 << q
+                info = part_info[p] = (a, b)
+            implied |= info[0]
+            mine |= info[1]
+        anc[t] = implied | mine
+        kept = []
+        for p in parts:
+            key = (p, implied)
+            f = filtered.get(key)
+            if f is None:
+                f = filtered[key] = frozenset(q for q in p if not (implied >> q) & 1)
+            if f:
+                kept.append(f)
+        k = tuple(kept)
+        d = unions.get(k)
+        if d is None:
+            d = unions[k] = frozenset().union(*kept) if len(kept) != 1 else kept[0]
+        out.append(d)
+    return out
+
+
+def renumber(tasks: Sequence[Task]) -> tuple[Task, ...]:
+    """Task ids = positions in program order (every pass relies on it)."""
+    return tuple(t if t.id == i else t.with_(id=i) for i, t in enumerate(tasks))
+
+
+def sibling_groups(program: Program, deps: Sequence[frozenset[int]]) -> list[int]:
+    """Group index per task: runs of adjacent tasks sharing an out_counter; a run restarts at a
+    task that depends on a member (so a group is always entirely before its consumers)."""
+    group = [0] * len(program.tasks)
+    g = -1
+    start = 0
+    prev = None
+    latest: dict[int, int] = {}
+    for t, task in enumerate(program.tasks):
+        d = deps[t]
+        m = latest.get(id(d))
+        if m is None:
+            m = latest[id(d)] = max(d) if d else -1
+        if task.out_counter != prev or m >= start:
+            g += 1
+            start = t
+            prev = task.out_counter
+        group[t] = g
+    return group
+
+
+def waits_from_groups(deps: Sequence[frozenset[int]], group: Sequence[int],
+                      size: Sequence[int]) -> list[tuple[Wait, ...]]:
+    """Each task waits for every group holding one of its dependencies (threshold = size)."""
+    memo: dict[int, tuple[Wait, ...]] = {}
+    out = []
+    for d in deps:
+        w = memo.get(id(d))
+        if w is None:
+            gs = sorted({group[q] for q in d})
+            w = memo[id(d)] = tuple(Wait(g, size[g]) for g in gs)
+        out.append(w)
+    return out
+
+
+def with_waits(program: Program, waits: Sequence[tuple[Wait, ...]], out_counter: Sequence[int],
+               n_counters: int) -> Program:
+    tasks = tuple(t.with_(id=i, waits=w, out_counter=c)
+                  for i, (t, w, c) in enumerate(zip(program.tasks, waits, out_counter)))
+    return program.with_(tasks=tasks, counters=tuple(Counter(i) for i in range(n_counters)))
+
+
+def resync(program: Program) -> Program:
+    """Recompute waits and counters from data dependencies (sibling-group scheme, see above)."""
+    tasks = renumber(program.tasks)
+    queues = program.queues if tasks == program.tasks else ()
+    program = program.with_(tasks=tasks, queues=queues)
+    deps = reduced_dependencies(program)
+    group = sibling_groups(program, deps)
+    n = (group[-1] + 1) if group else 0
+    size = [0] * n
+    for g in group:
+        size[g] += 1
+    return with_waits(program, waits_from_groups(deps, group, size), group, n)
