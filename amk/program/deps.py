@@ -69,49 +69,58 @@ class _ColumnMap:
         self.readers[i:j] = [[]]
 
 
-def hazards(buffers: Sequence[Buffer], tasks: Sequence[Task],
-            regions: Sequence[tuple[list[Region], list[Region]]] | None = None,
-            unwritten: list[tuple[int, Region]] | None = None) -> list[list[Hazard]]:
-    """For each task (in the order given) the hazards it has with earlier tasks, one per
-    (earlier task, kind, buffer), spanning the columns involved. If `unwritten` is a list,
-    (task, region) pairs it reads that no earlier task wrote are appended to it."""
+def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
+         regions: Sequence[tuple[list[Region], list[Region]]] | None = None,
+         unwritten: list[tuple[int, Region]] | None = None) -> list[dict[int, list]]:
+    """For each task (in the order given) {earlier task id: [kind, buffer, lo, hi]}: the first
+    conflict found with it (RAW before WAR/WAW), its columns widened over later segments of the
+    same kind and buffer. If `unwritten` is a list, (task, region) pairs it reads that no
+    earlier task wrote are appended to it. The cheap form behind `hazards`/`dependencies`."""
     if regions is None:
         regions = [task_regions(t, buffers) for t in tasks]
     maps: dict[int, _ColumnMap] = {}
-    out: list[list[Hazard]] = []
+    out: list[dict[int, list]] = []
     for task, (reads, writes) in zip(tasks, regions):
         b = task.id
-        found: dict[tuple[int, str, int], list[int]] = {}
-
-        def note(a: int, kind: str, buf: int, lo: int, hi: int) -> None:
-            if a == b:
-                return
-            key = (a, kind, buf)
-            span = found.get(key)
-            if span is None:
-                found[key] = [lo, hi]
-            else:
-                span[0] = min(span[0], lo)
-                span[1] = max(span[1], hi)
-
-        for r in reads:
-            m = maps.get(r.buffer) or maps.setdefault(r.buffer, _ColumnMap(buffers[r.buffer].cols))
-            i, j = m.span(r.lo, r.hi)
+        found: dict[int, list] = {}
+        get = found.get
+        for buf, lo, hi in reads:
+            m = maps.get(buf) or maps.setdefault(buf, _ColumnMap(buffers[buf].cols))
+            i, j = m.span(lo, hi)
+            starts, writer = m.starts, m.writer
             for k in range(i, j):
-                if m.writer[k] >= 0:
-                    note(m.writer[k], RAW, r.buffer, m.starts[k], m.seg_hi(k))
-                elif unwritten is not None:
-                    unwritten.append((b, Region(r.buffer, m.starts[k], m.seg_hi(k))))
-        for w in writes:
-            m = maps.get(w.buffer) or maps.setdefault(w.buffer, _ColumnMap(buffers[w.buffer].cols))
-            i, j = m.span(w.lo, w.hi)
+                a = writer[k]
+                if a == b:
+                    continue
+                seg_hi = starts[k + 1] if k + 1 < len(starts) else m.width
+                if a < 0:
+                    if unwritten is not None:
+                        unwritten.append((b, Region(buf, starts[k], seg_hi)))
+                    continue
+                e = get(a)
+                if e is None:
+                    found[a] = [RAW, buf, starts[k], seg_hi]
+                elif e[0] is RAW and e[1] == buf and e[3] < seg_hi:
+                    e[3] = seg_hi
+        for buf, lo, hi in writes:
+            m = maps.get(buf) or maps.setdefault(buf, _ColumnMap(buffers[buf].cols))
+            i, j = m.span(lo, hi)
+            starts, writer, readers = m.starts, m.writer, m.readers
             for k in range(i, j):
-                lo, hi = m.starts[k], m.seg_hi(k)
-                if m.readers[k]:
-                    for a in m.readers[k]:
-                        note(a, WAR, w.buffer, lo, hi)
-                elif m.writer[k] >= 0:
-                    note(m.writer[k], WAW, w.buffer, lo, hi)
+                if readers[k]:
+                    kind, earlier = WAR, readers[k]
+                elif writer[k] >= 0:
+                    kind, earlier = WAW, (writer[k],)
+                else:
+                    continue
+                seg_hi = starts[k + 1] if k + 1 < len(starts) else m.width
+                for a in earlier:
+                    e = get(a)
+                    if e is None:
+                        if a != b:
+                            found[a] = [kind, buf, starts[k], seg_hi]
+                    elif e[0] is kind and e[1] == buf and e[3] < seg_hi:
+                        e[3] = seg_hi
         # Update the maps: reads first, then writes (a write supersedes this task's own reads).
         for r in reads:
             m = maps[r.buffer]
@@ -125,8 +134,16 @@ def hazards(buffers: Sequence[Buffer], tasks: Sequence[Task],
             i, j = m.span(w.lo, w.hi)
             if i < j:
                 m.write(i, j, b)
-        out.append([Hazard(a, b, kind, buf, lo, hi) for (a, kind, buf), (lo, hi) in found.items()])
+        out.append(found)
     return out
+
+
+def hazards(buffers: Sequence[Buffer], tasks: Sequence[Task],
+            regions: Sequence[tuple[list[Region], list[Region]]] | None = None
+            ) -> list[list[Hazard]]:
+    """For each task (in the order given) one Hazard per earlier task it must follow."""
+    return [[Hazard(a, t.id, *e) for a, e in found.items()]
+            for t, found in zip(tasks, scan(buffers, tasks, regions))]
 
 
 def dependencies(program_or_buffers: Program | Sequence[Buffer],
@@ -141,4 +158,4 @@ def dependencies(program_or_buffers: Program | Sequence[Buffer],
         buffers, tasks = program_or_buffers  # type: ignore[misc]
     else:
         buffers = program_or_buffers
-    return [tuple(sorted({h.earlier for h in hs})) for hs in hazards(buffers, tasks)]
+    return [tuple(sorted(found)) for found in scan(buffers, tasks)]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from amk.errors import ValidationError
-from amk.program.deps import RAW, hazards
+from amk.program.deps import RAW, scan
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
 from amk.program.regions import PARTIAL_WRITE, Region, task_regions
 
@@ -585,25 +585,27 @@ def validate(program: Program) -> ValidationResult:
     # happens-before: program order if it is legal, else the topological order (stuck tasks
     # never run and are left out). Every conflicting pair is joined by a chain of hazard edges,
     # so if every edge is ordered by happens-before, so is every pair, whatever the order.
-    scan = range(n) if order_is_legal else order
+    scan_order = range(n) if order_is_legal else order
     unwritten: list[tuple[int, Region]] = []
-    for hs in hazards(bufs, [tasks[i] for i in scan], [regions[i] for i in scan], unwritten):
-        for h in hs:
-            if (anc[h.later] >> h.earlier) & 1 or (anc[h.earlier] >> h.later) & 1:
+    scanned = [tasks[i] for i in scan_order]
+    for b_task, found in zip(scanned, scan(bufs, scanned, [regions[i] for i in scan_order], unwritten)):
+        later, anc_later = b_task.id, anc[b_task.id]
+        for earlier, (kind, buffer, lo, hi) in found.items():
+            if (anc_later >> earlier) & 1 or (anc[earlier] >> later) & 1:
                 continue
-            a, b, buf = tasks[h.earlier], tasks[h.later], bufs[h.buffer]
-            cols = f"cols [{h.lo}, {h.hi})"
+            a, b, buf = tasks[earlier], b_task, bufs[buffer]
+            cols = f"cols [{lo}, {hi})"
             hint = (f"make t{b.id} wait on c{a.out_counter} with threshold "
                     f"{counters[a.out_counter].init + len(incr[a.out_counter])} (all its "
                     f"incrementers) or on something that does")
-            if h.kind == RAW and buf.kind in MUST_BE_WRITTEN:
+            if kind == RAW and buf.kind in MUST_BE_WRITTEN:
                 err("coverage", f"{_t(b)} reads {_b(buf)} {cols} written by {_t(a)}, which it is "
                     f"not guaranteed to follow; {hint}", task=b.id, buffer=buf.id)
             else:
                 what = {"RAW": "reads what {a} writes", "WAR": "overwrites what {a} reads",
-                        "WAW": "writes what {a} also writes"}[h.kind].format(a=_t(a))
+                        "WAW": "writes what {a} also writes"}[kind].format(a=_t(a))
                 err("race", f"{_t(b)} {what} ({_b(buf)} {cols}) and may run at the same time "
-                    f"({h.kind}); {hint}", task=b.id, buffer=buf.id)
+                    f"({kind}); {hint}", task=b.id, buffer=buf.id)
     for t_id, r in unwritten:
         buf = bufs[r.buffer]
         if buf.kind in MUST_BE_WRITTEN:
