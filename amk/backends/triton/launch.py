@@ -178,13 +178,15 @@ def _matmul_tile(inputs, outputs, params):
         return
     block_k = 128 if (mode == kg.W_FP and w.element_size() >= 4) else 256
     block_k = _pow2(Kp, hi=block_k)
-    block_n = 8 if n_tile * M >= 8192 else 4
+    # 16-byte loads (8 bf16 per lane, 128 lanes over BLOCK_N x BLOCK_K) and enough programs
+    # in flight to keep every SM streaming: fewer rows per program when the tile is narrow.
+    block_n = next((b for b in (8, 4) if triton.cdiv(n_tile, b) * M >= 1024), 2)
     grid = (triton.cdiv(n_tile, block_n), M)
     kg.gemv_kernel[grid](x, w, s if s is not None else w, z if z is not None else w,
                          bias if bias is not None else w, out,
                          Kp, n_off, n_off + n_tile, xk, _cols(w), stride_s, N, group, n_groups,
                          MODE=mode, HAS_ZEROS=z is not None, HAS_BIAS=bias is not None,
-                         BLOCK_N=block_n, BLOCK_K=block_k)
+                         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4 if block_n >= 4 else 2)
 
 
 def _dequant(inputs, outputs, params):
