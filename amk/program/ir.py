@@ -5,8 +5,9 @@ name follows the customer's seed (Buffer, Counter, Wait, Task); the enums below 
 source of truth for opcodes and dtypes (the CUDA ABI header is generated from them).
 
 Conventions every consumer relies on (see docs/PROGRAM.md for the per-opcode table):
-  * a task fires when every wait ``counter >= threshold * epoch`` holds (epoch = 1 for the
-    first decode step, 2 for the next, ...); when it finishes it adds 1 to ``out_counter``.
+  * a task fires when every wait ``counter >= threshold + per_step * (epoch - 1)`` holds, where
+    per_step is the number of tasks incrementing that counter and epoch = 1 for the first decode
+    step, 2 for the next, ...; when it finishes it adds 1 to ``out_counter``.
     Counters are never reset: one program serves every decode step.
   * buffers are dense, row-major; a task's "columns" are the buffer's last axis.
   * ``program order`` (the order of ``tasks``) is a legal sequential execution.

@@ -1,8 +1,9 @@
 """The counter-driven reference VM: runs a Program with real numerics, the project's oracle.
 
 It implements the same execution contract as the CUDA megakernel: a task fires only when every
-wait ``counter >= threshold * epoch`` holds (epoch = 1 on this VM's first run, 2 on its second,
-...); when it finishes it adds 1 to its out-counter. Counters are never reset, so one program
+wait ``counter >= threshold + per_step * (epoch - 1)`` holds, where per_step is the number of
+tasks that increment that counter (epoch = 1 on this VM's first run, 2 on its second, ...); when
+it finishes it adds 1 to its out-counter. Counters are never reset, so one program
 serves every decode step. Scheduling is a ready queue fed by per-counter waiting lists, so a run
 costs O(tasks + waits) bookkeeping, and a stuck schedule is reported the moment nothing is
 ready, with the stuck tasks and the counter values they wait on.
@@ -90,6 +91,10 @@ class ReferenceVM:
         self._values = [c.init for c in prog.counters]          # persists across runs
         n_buf = len(prog.buffers)
         self._fn, self._waits, self._out = [], [], []
+        per_step = [0] * len(prog.counters)        # increments of each counter in one step
+        for t in prog.tasks:
+            if t.out_counter in cidx:
+                per_step[cidx[t.out_counter]] += 1
         for i, t in enumerate(prog.tasks):
             where = f"task {t.id} {t.name!r} ({InstructionKind(t.op).name})"
             if t.id != i:
@@ -108,7 +113,8 @@ class ReferenceVM:
                 except ValidationError as e:
                     problems.append(f"{where}: {e}")
             self._fn.append(semantics_for(t.op))
-            self._waits.append(tuple((cidx.get(w.counter, 0), int(w.threshold)) for w in t.waits))
+            self._waits.append(tuple((cidx.get(w.counter, 0), int(w.threshold),
+                                      per_step[cidx.get(w.counter, 0)]) for w in t.waits))
             self._out.append(cidx.get(t.out_counter, 0))
         if self.order == "queues":
             problems += self._queue_problems()
@@ -234,8 +240,8 @@ class ReferenceVM:
         unmet = [0] * n
         waiting: dict[tuple[int, int], list[int]] = {}
         for t in range(n):
-            for c, thr in self._waits[t]:
-                need = thr * epoch
+            for c, thr, step in self._waits[t]:
+                need = thr + step * (epoch - 1)
                 if vals[c] < need:
                     unmet[t] += 1
                     waiting.setdefault((c, need), []).append(t)
@@ -314,7 +320,8 @@ class ReferenceVM:
             left[self._out[t]] += 1
 
         def unmet_waits(t):
-            return [(c, thr * epoch) for c, thr in self._waits[t] if vals[c] < thr * epoch]
+            needs = ((c, thr + step * (epoch - 1)) for c, thr, step in self._waits[t])
+            return [(c, need) for c, need in needs if vals[c] < need]
 
         def hopeless(t):                             # some wait can never be met
             return any(vals[c] + left[c] < need for c, need in unmet_waits(t))
