@@ -363,3 +363,23 @@ def test_rebinding_a_weight_between_runs_takes_effect():
         y = x @ W.float().T
         torch.testing.assert_close(vm.run({"x": x, "W": W})[0], F.silu(y) * y, rtol=1e-5, atol=1e-5)
     assert vm.last_stats.epoch == 3
+
+
+# ---------------------------------------------------------------- partial thresholds across steps
+def test_a_partial_threshold_still_waits_on_later_steps():
+    """Two tasks increment one counter; a third waits for just one of them. On step 2 it must
+    wait for one step-2 increment (threshold + per_step*(epoch-1) = 3), not fire at once on the
+    two increments left over from step 1."""
+    b = Builder()
+    x = b.buf("x", BK.IO_INPUT, (1, 4))
+    a1, a2, y = (b.buf(n, BK.ACTIVATION if n != "y" else BK.IO_OUTPUT, (1, 4)) for n in ("a1", "a2", "y"))
+    c = b.counter()
+    b.task(K.COPY, [x], [a1], counter=c, name="first")
+    b.task(K.COPY, [x], [a2], counter=c, name="second")
+    b.task(K.MUL, [x], [y], {"scale": 3.0}, waits=[(c, 1)], name="after one of them")
+    prog = b.build([y])
+    for seed in range(20):
+        vm = ReferenceVM(prog, order="random", seed=seed, check=False)
+        for step in range(3):
+            vm.run({"x": rnd(1, 4)})
+            assert vm.last_stats.exec_order.index(2) >= 1, (seed, step, vm.last_stats.exec_order)
