@@ -1,0 +1,136 @@
+"""The host/device ABI of the CUDA megakernel, written once in Python.
+
+The C++ header (opcodes, dtype codes, the task-descriptor struct, per-opcode parameter slots) is
+GENERATED from this module and from the enums in amk/program/ir.py; the host packs descriptors
+with numpy dtypes built from the same field lists. Nothing here is written twice.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from amk.program.ir import DType, InstructionKind
+
+# The task descriptor: one per task and one per FUSED step (a "sub-task").
+# (name, C type, count). Every field is 4 bytes, so C and numpy agree on the layout without padding.
+N_IP = 20          # integer parameter slots
+N_FP = 4           # float parameter slots
+TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("op", "int", 1),            # InstructionKind
+    ("variant", "int", 1),       # which rendered device function runs it (codegen's switch)
+    ("wait_begin", "int", 1),    # waits[wait_begin : wait_begin+n_waits]
+    ("n_waits", "int", 1),
+    ("out_counter", "int", 1),   # -1: none
+    ("ptr_begin", "int", 1),     # ptrs[ptr_begin : +n_in+n_out], inputs first
+    ("n_in", "int", 1),
+    ("n_out", "int", 1),
+    ("sub_begin", "int", 1),     # FUSED: sub-task descriptors tasks[sub_begin : +n_sub]
+    ("n_sub", "int", 1),
+    ("pf_begin", "int", 1),      # static L2-prefetch ranges prefetch[pf_begin : +n_pf]
+    ("n_pf", "int", 1),
+    ("zero_begin", "int", 1),    # FUSED: scratch ranges zeroed before the steps run
+    ("n_zero", "int", 1),
+    ("task_id", "int", 1),       # Program task id (for error reports)
+    ("pad0", "int", 1),
+    ("ip", "int", N_IP),
+    ("fp", "float", N_FP),
+)
+WAIT_FIELDS = (("counter", "int", 1), ("threshold", "unsigned", 1), ("stride", "unsigned", 1),
+               ("pad", "int", 1))
+RANGE_FIELDS = (("addr", "unsigned long long", 1), ("bytes", "unsigned long long", 1))
+ERR_FIELDS = (("task", "int", 1), ("counter", "int", 1), ("value", "unsigned", 1),
+              ("target", "unsigned", 1))
+# Kernel-wide state, persistent across launches: the epoch (completed steps) lives here so the
+# kernel advances it itself and nothing runs on the host between steps.
+STATE_FIELDS = (("epoch", "unsigned", 1), ("done", "unsigned", 1), ("abort", "unsigned", 1),
+                ("fault", "int", 1), ("fault_task", "int", 1), ("fault_value", "int", 1),
+                ("pad0", "int", 1), ("pad1", "int", 1))
+
+FAULT_DEADLOCK = 1
+FAULT_KV_POS = 2        # KV_APPEND position outside the cache
+FAULT_EMBED_ID = 3      # token id outside the embedding table
+
+_NP = {"int": np.int32, "unsigned": np.uint32, "float": np.float32,
+       "unsigned long long": np.uint64}
+
+
+def np_dtype(fields) -> np.dtype:
+    return np.dtype([(n, _NP[t], (c,)) if c > 1 else (n, _NP[t]) for n, t, c in fields])
+
+
+TASK_DTYPE = np_dtype(TASK_FIELDS)
+WAIT_DTYPE = np_dtype(WAIT_FIELDS)
+RANGE_DTYPE = np_dtype(RANGE_FIELDS)
+ERR_DTYPE = np_dtype(ERR_FIELDS)
+STATE_DTYPE = np_dtype(STATE_FIELDS)
+
+# Per-opcode parameter slots: name -> index into ip[] (ints) / fp[] (floats). The device code
+# reads d.ip[P_<GROUP>_<NAME>]; the encoder writes by name. Opcodes sharing a kernel share a group.
+IP_SLOTS: dict[str, tuple[str, ...]] = {
+    "EW": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_CS", "B_RS", "B_CS", "KIND"),
+    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS"),
+    "NORM": ("ROWS", "H"),
+    "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
+    "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
+             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES"),
+    "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P"),
+    "EMBED": ("B", "H", "V", "IDS64"),
+    "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM"),
+    "ARGMAX": ("ROWS", "V", "OUT64"),
+    "SOFTMAX": ("ROWS", "H"),
+    "DEQ": ("N", "K", "LDQ", "GROUP", "NGROUPS", "PACKED"),
+    "RED": ("N",),
+}
+FP_SLOTS: dict[str, tuple[str, ...]] = {
+    "EW": ("SCALE",), "NORM": ("EPS",), "ROPE": ("THETA",), "ATTN": ("SCALE",),
+}
+EW_KINDS = ("COPY", "ADD", "MUL", "MULS", "SILU_MUL", "GELU")
+
+for _g, _names in IP_SLOTS.items():
+    assert len(_names) <= N_IP, _g
+for _g, _names in FP_SLOTS.items():
+    assert len(_names) <= N_FP, _g
+
+
+def ip_index(group: str, name: str) -> int:
+    return IP_SLOTS[group].index(name)
+
+
+def fp_index(group: str, name: str) -> int:
+    return FP_SLOTS[group].index(name)
+
+
+def _struct(name: str, fields) -> str:
+    body = "".join(f"  {t} {n}{f'[{c}]' if c > 1 else ''};\n" for n, t, c in fields)
+    size = np_dtype(fields).itemsize
+    return (f"struct {name} {{\n{body}}};\n"
+            f"static_assert(sizeof({name}) == {size}, \"{name} layout drifted from abi.py\");\n")
+
+
+def render_header() -> str:
+    """The generated ABI header (prepended to every rendered source)."""
+    out = ["// ---- generated by amk/backends/cuda/abi.py: do not edit ----\n"]
+    out += [f"#define OP_{k.name} {int(k)}\n" for k in InstructionKind]
+    out += [f"#define DT_{d.name} {int(d)}\n" for d in DType]
+    out += [f"#define EW_{k} {i}\n" for i, k in enumerate(EW_KINDS)]
+    out += [f"#define FAULT_DEADLOCK {FAULT_DEADLOCK}\n", f"#define FAULT_KV_POS {FAULT_KV_POS}\n",
+            f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n"]
+    for g, names in IP_SLOTS.items():
+        out += [f"#define P_{g}_{n} {i}\n" for i, n in enumerate(names)]
+    for g, names in FP_SLOTS.items():
+        out += [f"#define F_{g}_{n} {i}\n" for i, n in enumerate(names)]
+    out.append(_struct("TaskDesc", TASK_FIELDS))
+    out.append(_struct("WaitDesc", WAIT_FIELDS))
+    out.append(_struct("RangeDesc", RANGE_FIELDS))
+    out.append(_struct("ErrSlot", ERR_FIELDS))
+    out.append(_struct("KernelState", STATE_FIELDS))
+    out.append(_struct("KernelArgs", ARGS_FIELDS))
+    return "".join(out)
+
+# The kernel's one by-value parameter: device addresses of the tables, and scalars.
+ARGS_FIELDS = (("tasks", "unsigned long long", 1), ("waits", "unsigned long long", 1),
+               ("ptrs", "unsigned long long", 1), ("ranges", "unsigned long long", 1),
+               ("queue_tasks", "unsigned long long", 1), ("queue_off", "unsigned long long", 1),
+               ("counters", "unsigned long long", 1), ("state", "unsigned long long", 1),
+               ("errs", "unsigned long long", 1), ("watchdog_ns", "unsigned long long", 1),
+               ("n_queues", "unsigned long long", 1))
+ARGS_DTYPE = np_dtype(ARGS_FIELDS)

@@ -1,0 +1,60 @@
+"""Render a Program into CUDA C++: the generated ABI header, the op templates, and the
+scheduler with one switch case per instruction variant.
+
+Templates are plain files in templates/; the only substitution is string.Template's ``$name``
+in scheduler.cu (the variant switch and a size). Everything per-task lives in descriptors.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from string import Template
+
+from amk.program.ir import Program
+from amk.backends.cuda import abi
+from amk.backends.cuda.lower import Lowered, lower_program
+
+TEMPLATE_DIR = Path(__file__).with_name("templates")
+# Order matters: later files use earlier ones.
+TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "gemv.cuh", "attention.cuh", "scheduler.cu")
+NTHREADS = 512
+MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
+GEMV_SMEM = 64 * 1024            # x staged as fp32 (lower.XS_MAX floats)
+ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
+SMEM_BYTES = max(GEMV_SMEM, ATTN_SMEM)
+
+
+@functools.lru_cache(maxsize=1)
+def _templates() -> dict[str, str]:
+    return {name: (TEMPLATE_DIR / name).read_text() for name in TEMPLATE_FILES}
+
+
+def template_hash() -> str:
+    """Hash of every template and of this module's ABI: part of the compile-cache key."""
+    h = hashlib.sha256()
+    for name, text in sorted(_templates().items()):
+        h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    h.update(abi.render_header().encode())
+    return h.hexdigest()[:16]
+
+
+def render_lowered(low: Lowered) -> str:
+    too_many = [int(t["task_id"]) for t in low.tasks if t["n_in"] + t["n_out"] > MAX_PTRS]
+    if too_many:
+        from amk.errors import CompileError
+        raise CompileError(f"CUDA backend: tasks {too_many[:8]} have more than {MAX_PTRS} operands")
+    cases = "\n".join(f"    case {i}: {call}; break;" for i, call in enumerate(low.variants))
+    t = _templates()
+    parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
+             f"#define AMK_NTHREADS {NTHREADS}\n", abi.render_header()]
+    for name in TEMPLATE_FILES[:-1]:
+        parts.append(f"// ---- {name} ----\n" + t[name])
+    parts.append("// ---- scheduler.cu ----\n"
+                 + Template(t["scheduler.cu"]).substitute(cases=cases, max_ptrs=MAX_PTRS))
+    return "\n".join(parts)
+
+
+def render(program: Program) -> str:
+    """CUDA C++ source of ``program``'s megakernel (entry point ``amk_megakernel``)."""
+    return render_lowered(lower_program(program))

@@ -1,0 +1,176 @@
+"""NVRTC compilation of rendered sources to a CUBIN (never PTX: a newer NVRTC's PTX can be newer
+than the driver accepts), with a disk cache keyed by everything that affects the binary.
+
+Works without a GPU. The rendered source is freestanding (NVRTC built-ins only), so no CUDA
+headers are needed; cuda-bindings 12.x and 13.x are both supported.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+
+from amk import knobs
+from amk.errors import BackendUnavailable, CompileError
+from amk.program.ir import Program
+
+SOURCE_NAME = "amk_megakernel.cu"
+DEFAULT_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        try:
+            from cuda import nvrtc            # cuda-python < 12.6 layout
+        except ImportError as e:
+            raise BackendUnavailable(
+                "the CUDA backend needs cuda-python's NVRTC bindings: "
+                "pip install 'cuda-bindings' 'nvidia-cuda-nvrtc'") from e
+    return nvrtc
+
+
+def nvrtc_version() -> tuple[int, int]:
+    nvrtc = _nvrtc()
+    err, major, minor = nvrtc.nvrtcVersion()
+    if int(err) != 0:
+        raise BackendUnavailable(f"nvrtcVersion failed: {err}")
+    return int(major), int(minor)
+
+
+@dataclass
+class CompileResult:
+    cubin: bytes
+    log: str                 # NVRTC + ptxas log (registers, spills)
+    seconds: float           # wall time of the NVRTC compile (0 on a cache hit)
+    cache_hit: bool
+    key: str
+    path: str
+
+
+def _log(nvrtc, prog) -> str:
+    err, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    buf = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.decode(errors="replace").rstrip("\x00 \n")
+
+
+def numbered_excerpt(source: str, log: str, context: int = 4, max_sites: int = 5) -> str:
+    """The source lines the NVRTC log points at, numbered, with ``context`` lines around."""
+    lines = source.splitlines()
+    sites = []
+    for m in re.finditer(rf"{re.escape(SOURCE_NAME)}\((\d+)\)", log):
+        n = int(m.group(1))
+        if n not in sites:
+            sites.append(n)
+    if not sites:
+        sites = [1]
+    out = []
+    for n in sites[:max_sites]:
+        lo, hi = max(1, n - context), min(len(lines), n + context)
+        for i in range(lo, hi + 1):
+            out.append(f"{'>>' if i == n else '  '} {i:5d} | {lines[i - 1]}")
+        out.append("   ...")
+    return "\n".join(out)
+
+
+def _amk_version() -> str:
+    import amk
+    return getattr(amk, "__version__", "0")
+
+
+def cache_key(source: str, arch: str, options: tuple[str, ...]) -> str:
+    from amk.backends.cuda.codegen import template_hash
+    h = hashlib.sha256()
+    for part in (_amk_version(), template_hash(), hashlib.sha256(source.encode()).hexdigest(),
+                 " ".join(options), arch, "%d.%d" % nvrtc_version()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)            # atomic: a concurrent reader sees all or nothing
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] = DEFAULT_OPTIONS,
+                   use_cache: bool = True) -> CompileResult:
+    """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache."""
+    if not re.fullmatch(r"sm_\d+[af]?", arch):
+        raise CompileError(f"arch {arch!r} is not a real GPU architecture like 'sm_90a' "
+                           "(AMK loads CUBINs, never PTX)")
+    key = cache_key(source, arch, tuple(options))
+    path = str(knobs.cache_dir() / "cuda" / f"{key}.cubin")
+    if use_cache and os.path.exists(path):
+        with open(path, "rb") as f:
+            data = f.read()
+        if data:
+            logp = path[:-6] + ".log"
+            log = open(logp).read() if os.path.exists(logp) else ""
+            return CompileResult(data, log, 0.0, True, key, path)
+    nvrtc = _nvrtc()
+    t0 = time.perf_counter()
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), SOURCE_NAME.encode(), 0, [], [])
+    if int(err) != 0:
+        raise CompileError(f"nvrtcCreateProgram failed: {err}")
+    try:
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        log = _log(nvrtc, prog)
+        if int(err) != 0:
+            raise CompileError(
+                f"NVRTC could not compile the generated megakernel for {arch} ({err}).\n"
+                f"Source excerpt:\n{numbered_excerpt(source, log)}\n\nNVRTC log:\n{log}\n"
+                "Set AMK_DEBUG=4 or AMK_DUMP_IR=DIR to get the whole kernel.cu.")
+        err, n = nvrtc.nvrtcGetCUBINSize(prog)
+        if int(err) != 0:
+            raise CompileError(f"nvrtcGetCUBINSize failed ({err}); is {arch} a real architecture?")
+        buf = b" " * n
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
+        if int(err) != 0:
+            raise CompileError(f"nvrtcGetCUBIN failed: {err}")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    seconds = time.perf_counter() - t0
+    if use_cache:
+        _write_atomic(path[:-6] + ".log", log.encode())
+        _write_atomic(path, bytes(buf))
+    return CompileResult(bytes(buf), log, seconds, False, key, path)
+
+
+def compile_cuda(program: Program, arch: str = "sm_90a") -> bytes:
+    """The CUBIN of ``program``'s megakernel (see compile_program for timings)."""
+    return compile_program(program, arch).cubin
+
+
+def compile_program(program: Program, arch: str = "sm_90a") -> CompileResult:
+    from amk.backends.cuda.codegen import render
+    src = render(program)
+    _dump_source(program, src)
+    return compile_source(src, arch)
+
+
+def _dump_source(program: Program, src: str) -> None:
+    d = knobs.dump_ir_dir()
+    if d is not None:
+        folder = d / program.name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "kernel.cu").write_text(src)
+    if knobs.debug() >= 4:
+        import sys
+        print(src, file=sys.stderr)

@@ -1,0 +1,270 @@
+"""Hand-built programs covering every opcode and dtype variant the CUDA templates handle.
+
+Used by the CPU compile test (render + NVRTC for sm_90a) and by the GPU tests (each case run
+alone against the reference semantics). Each case is one task over fresh buffers; ``bindings``
+draws fresh random inputs for every call.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from amk.program.ir import Buffer, BufferKind as BK, Counter, DType as D, InstructionKind as K
+from amk.program.ir import Program, Task, Wait
+
+
+class Builder:
+    def __init__(self, name: str = "handbuilt"):
+        self.name = name
+        self.buffers: list[Buffer] = []
+        self.tasks: list[Task] = []
+        self.counters: list[Counter] = []
+        self.outputs: list[int] = []
+
+    def buf(self, name, kind, dtype, shape) -> int:
+        self.buffers.append(Buffer(len(self.buffers), name, kind, dtype, tuple(shape), name))
+        return len(self.buffers) - 1
+
+    def counter(self, init: int = 0) -> int:
+        self.counters.append(Counter(len(self.counters), init))
+        return len(self.counters) - 1
+
+    def task(self, op, ins, outs, params=None, waits=(), out_counter=None, name="") -> int:
+        oc = self.counter() if out_counter is None else out_counter
+        self.tasks.append(Task(len(self.tasks), op, tuple(ins), tuple(outs), dict(params or {}),
+                               tuple(Wait(c, t) for c, t in waits), oc, name or op.name))
+        return oc
+
+    def program(self, queues=()) -> Program:
+        return Program(tuple(self.buffers), tuple(self.counters), tuple(self.tasks),
+                       tuple(tuple(q) for q in queues), self.name, tuple(self.outputs))
+
+
+@dataclass
+class Case:
+    name: str
+    program: Program
+    fill: dict[str, Callable[[torch.Generator], torch.Tensor]] = field(default_factory=dict)
+
+    def bindings(self, device="cpu", seed: int = 0) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return {k: f(g).to(device) for k, f in self.fill.items()}
+
+
+def _rand(shape, dtype, scale=1.0):
+    return lambda g: (torch.randn(shape, generator=g) * scale).to(dtype)
+
+
+def _ints(shape, lo, hi, dtype=torch.int32):
+    return lambda g: torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def _const(values, dtype=torch.int32):
+    return lambda g: torch.tensor(values, dtype=dtype)
+
+
+def _single(name, op, inputs, outputs, params, fill, out_kinds=None) -> Case:
+    """inputs/outputs: [(name, kind, dtype, shape)]."""
+    b = Builder(name)
+    ins = [b.buf(*spec) for spec in inputs]
+    outs = [b.buf(*spec) for spec in outputs]
+    b.task(op, ins, outs, params)
+    b.outputs = outs
+    return Case(name, b.program(), fill)
+
+
+def _quant_fill(N, Kd, group, bits, zeros):
+    ng = math.ceil(Kd / group)
+    f = {"x": _rand((1, Kd), torch.bfloat16),
+         "scales": lambda g: (torch.rand((N, ng), generator=g) * 0.05 + 0.01).to(torch.bfloat16)}
+    if bits == 8:
+        f["qw"] = _ints((N, Kd), -128, 128, torch.int8)
+    else:
+        f["qw"] = _ints((N, (Kd + 1) // 2), 0, 256, torch.uint8)
+    if zeros:
+        f["zeros"] = lambda g: torch.randint(-3, 4, (N, ng), generator=g).to(torch.bfloat16)
+    return f
+
+
+def cases() -> list[Case]:
+    bf, f16, f32, i32 = D.BF16, D.F16, D.F32, D.I32
+    tb, th, tf = torch.bfloat16, torch.float16, torch.float32
+    C: list[Case] = []
+    C.append(_single("nop", K.NOP, [], [], {}, {}))
+    C.append(_single("copy_bf16_f32_tile", K.COPY, [("x", BK.IO_INPUT, bf, (3, 40))],
+                     [("y", BK.IO_OUTPUT, f32, (3, 40))], {"n_off": 8, "N_tile": 24},
+                     {"x": _rand((3, 40), tb)}))
+    C.append(_single("add_bcast_tile", K.ADD, [("a", BK.IO_INPUT, bf, (2, 64)), ("b", BK.WEIGHT, f32, (64,))],
+                     [("y", BK.IO_OUTPUT, bf, (2, 64))], {"n_off": 16, "N_tile": 32},
+                     {"a": _rand((2, 64), tb), "b": _rand((64,), tf)}))
+    C.append(_single("mul_f16", K.MUL, [("a", BK.IO_INPUT, f16, (100,)), ("b", BK.IO_INPUT, f16, (100,))],
+                     [("y", BK.IO_OUTPUT, f16, (100,))], {}, {"a": _rand((100,), th), "b": _rand((100,), th)}))
+    C.append(_single("mul_scale", K.MUL, [("a", BK.IO_INPUT, f32, (5, 7))],
+                     [("y", BK.IO_OUTPUT, f32, (5, 7))], {"scale": 0.37}, {"a": _rand((5, 7), tf)}))
+    C.append(_single("silu_mul_bf16", K.SILU_MUL, [("g", BK.IO_INPUT, bf, (1, 256)), ("u", BK.IO_INPUT, bf, (1, 256))],
+                     [("y", BK.IO_OUTPUT, bf, (1, 256))], {"n_off": 64, "N_tile": 128},
+                     {"g": _rand((1, 256), tb, 3), "u": _rand((1, 256), tb)}))
+    C.append(_single("gelu_f32", K.GELU, [("x", BK.IO_INPUT, f32, (4, 33))], [("y", BK.IO_OUTPUT, f32, (4, 33))],
+                     {}, {"x": _rand((4, 33), tf, 2)}))
+    C.append(_single("allreduce3", K.ALLREDUCE_SHARD, [(f"s{i}", BK.IO_INPUT, bf, (1, 96)) for i in range(3)],
+                     [("y", BK.IO_OUTPUT, bf, (1, 96))], {}, {f"s{i}": _rand((1, 96), tb) for i in range(3)}))
+    C.append(_single("rmsnorm_bf16", K.RMSNORM, [("x", BK.IO_INPUT, bf, (2, 320)), ("w", BK.WEIGHT, bf, (320,))],
+                     [("y", BK.IO_OUTPUT, bf, (2, 320))], {"eps": 1e-5},
+                     {"x": _rand((2, 320), tb, 2), "w": _rand((320,), tb)}))
+    C.append(_single("layernorm_f32_bias", K.LAYERNORM,
+                     [("x", BK.IO_INPUT, f32, (3, 48)), ("w", BK.WEIGHT, f32, (48,)), ("b", BK.WEIGHT, f32, (48,))],
+                     [("y", BK.IO_OUTPUT, f16, (3, 48))], {"eps": 1e-5},
+                     {"x": _rand((3, 48), tf, 2), "w": _rand((48,), tf), "b": _rand((48,), tf)}))
+    C.append(_single("gemv_bf16_bias_tile", K.GEMV_TILE,
+                     [("x", BK.IO_INPUT, bf, (1, 256)), ("W", BK.WEIGHT, bf, (96, 256)), ("bias", BK.WEIGHT, bf, (96,))],
+                     [("y", BK.IO_OUTPUT, bf, (1, 96))], {"n_off": 16, "N_tile": 48, "K": 256},
+                     {"x": _rand((1, 256), tb), "W": _rand((96, 256), tb, 0.1), "bias": _rand((96,), tb)}))
+    C.append(_single("gemv_f32_batched_novec", K.GEMV_TILE,
+                     [("x", BK.IO_INPUT, f32, (3, 100)), ("W", BK.WEIGHT, f32, (40, 100))],
+                     [("y", BK.IO_OUTPUT, f32, (3, 40))], {"n_off": 0, "N_tile": 40, "K": 100},
+                     {"x": _rand((3, 100), tf), "W": _rand((40, 100), tf, 0.1)}))
+    C.append(_single("gemm_f16_m5", K.GEMM_TILE,
+                     [("x", BK.IO_INPUT, f16, (5, 64)), ("W", BK.WEIGHT, f16, (24, 64))],
+                     [("y", BK.IO_OUTPUT, f32, (5, 24))], {"n_off": 8, "N_tile": 16, "K": 64},
+                     {"x": _rand((5, 64), th), "W": _rand((24, 64), th, 0.1)}))
+    for bits, Kd, group, zeros in ((8, 128, 32, True), (8, 72, 24, False), (4, 256, 64, False),
+                                   (4, 40, 16, True)):
+        N = 32
+        q_dt = D.I8 if bits == 8 else D.U8
+        qshape = (N, Kd) if bits == 8 else (N, (Kd + 1) // 2)
+        ng = math.ceil(Kd / group)
+        ins = [("x", BK.IO_INPUT, bf, (1, Kd)), ("qw", BK.WEIGHT, q_dt, qshape), ("scales", BK.WEIGHT, bf, (N, ng))]
+        if zeros:
+            ins.append(("zeros", BK.WEIGHT, bf, (N, ng)))
+        C.append(_single(f"gemv_i{bits}_k{Kd}_g{group}{'_z' if zeros else ''}", K.GEMV_TILE, ins,
+                         [("y", BK.IO_OUTPUT, bf, (1, N))],
+                         {"n_off": 8, "N_tile": 16, "K": Kd, "qdtype": int(D.I8 if bits == 8 else D.I4),
+                          "group": group}, _quant_fill(N, Kd, group, bits, zeros)))
+    C.append(_single("rope_bf16_theta_tile", K.ROPE, [("x", BK.IO_INPUT, bf, (1, 4 * 32)), ("pos", BK.IO_INPUT, i32, (1,))],
+                     [("y", BK.IO_OUTPUT, bf, (1, 4 * 32))], {"head_dim": 32, "theta": 10000.0, "n_off": 32, "N_tile": 64},
+                     {"x": _rand((1, 128), tb), "pos": _const([57])}))
+    C.append(_single("rope_f32_invfreq", K.ROPE,
+                     [("x", BK.IO_INPUT, f32, (2, 3 * 16)), ("pos", BK.IO_INPUT, i32, (1,)), ("inv", BK.CONST, f32, (8,))],
+                     [("y", BK.IO_OUTPUT, f32, (2, 3 * 16))], {"head_dim": 16},
+                     {"x": _rand((2, 48), tf), "pos": _const([1000]),
+                      "inv": lambda g: torch.rand(8, generator=g) * 0.5}))
+    hd, nh, nkv, S = 64, 8, 2, 80
+    att_fill = lambda B, pos: {"q": _rand((B, nh * hd), tb), "k": _rand((B, S, nkv, hd), tb),
+                               "v": _rand((B, S, nkv, hd), tb), "pos": _const([pos])}
+    C.append(_single("attention_gqa_bf16", K.ATTENTION_TILE,
+                     [("q", BK.IO_INPUT, bf, (1, nh * hd)), ("k", BK.KV_CACHE, bf, (S, nkv, hd)),
+                      ("v", BK.KV_CACHE, bf, (S, nkv, hd)), ("pos", BK.IO_INPUT, i32, (1,))],
+                     [("y", BK.IO_OUTPUT, bf, (1, nh * hd))], {"head_dim": hd, "n_heads": nh, "n_kv_heads": nkv},
+                     {k: v for k, v in att_fill(1, 37).items() if True} | {"k": _rand((S, nkv, hd), tb), "v": _rand((S, nkv, hd), tb)}))
+    C.append(_single("attention_partial_heads", K.ATTENTION_TILE,
+                     [("q", BK.IO_INPUT, bf, (1, nh * hd)), ("k", BK.KV_CACHE, bf, (S, nkv, hd)),
+                      ("v", BK.KV_CACHE, bf, (S, nkv, hd)), ("pos", BK.IO_INPUT, i32, (1,))],
+                     [("y", BK.IO_OUTPUT, f32, (nh, hd + 2))],
+                     {"head_dim": hd, "n_heads": nh, "n_kv_heads": nkv, "kv_start": 16, "kv_len": 32,
+                      "flags": 2, "h_off": 4, "h_count": 4},
+                     {"q": _rand((1, nh * hd), tb), "k": _rand((S, nkv, hd), tb), "v": _rand((S, nkv, hd), tb),
+                      "pos": _const([70])}))
+    C.append(_single("attention_empty_shard", K.ATTENTION_TILE,
+                     [("q", BK.IO_INPUT, bf, (1, nh * hd)), ("k", BK.KV_CACHE, bf, (S, nkv, hd)),
+                      ("v", BK.KV_CACHE, bf, (S, nkv, hd)), ("pos", BK.IO_INPUT, i32, (1,))],
+                     [("y", BK.IO_OUTPUT, f32, (nh, hd + 2))],
+                     {"head_dim": hd, "n_heads": nh, "n_kv_heads": nkv, "kv_start": 48, "kv_len": 32, "flags": 2},
+                     {"q": _rand((1, nh * hd), tb), "k": _rand((S, nkv, hd), tb), "v": _rand((S, nkv, hd), tb),
+                      "pos": _const([20])}))
+    C.append(_single("attention_batched_long", K.ATTENTION_TILE,
+                     [("q", BK.IO_INPUT, f16, (2, 4 * 32)), ("k", BK.KV_CACHE, f16, (2, 700, 4, 32)),
+                      ("v", BK.KV_CACHE, f16, (2, 700, 4, 32)), ("pos", BK.IO_INPUT, i32, (1,))],
+                     [("y", BK.IO_OUTPUT, f16, (2, 4 * 32))], {"head_dim": 32, "n_heads": 4, "n_kv_heads": 4},
+                     {"q": _rand((2, 128), th), "k": _rand((2, 700, 4, 32), th), "v": _rand((2, 700, 4, 32), th),
+                      "pos": _const([650])}))
+    P = 3
+
+    def _partials(g):
+        t = torch.randn(nh, hd + 2, generator=g)
+        t[:, hd + 1] = torch.rand(nh, generator=g) * 5 + 0.1
+        return t
+
+    def _empty(g):
+        t = torch.zeros(nh, hd + 2)
+        t[:, hd] = float("-inf")
+        return t
+    C.append(_single("combine3_one_empty", K.ATTENTION_COMBINE,
+                     [(f"p{i}", BK.IO_INPUT, f32, (nh, hd + 2)) for i in range(P)],
+                     [("y", BK.IO_OUTPUT, bf, (1, nh * hd))], {"head_dim": hd, "n_heads": nh, "h_off": 2, "h_count": 5},
+                     {"p0": _partials, "p1": _empty, "p2": _partials}))
+    C.append(_single("embed_bf16", K.EMBED, [("ids", BK.IO_INPUT, i32, (2,)), ("table", BK.WEIGHT, bf, (50, 64))],
+                     [("y", BK.IO_OUTPUT, bf, (2, 64))], {}, {"ids": _ints((2,), 0, 50), "table": _rand((50, 64), tb)}))
+    C.append(_single("kv_append_rank3", K.KV_APPEND, [("new", BK.IO_INPUT, bf, (1, nkv * hd)), ("pos", BK.IO_INPUT, i32, (1,))],
+                     [("cache", BK.KV_CACHE, bf, (S, nkv, hd))], {},
+                     {"new": _rand((1, nkv * hd), tb), "pos": _const([33]), "cache": _rand((S, nkv, hd), tb)}))
+    C.append(_single("kv_append_batched", K.KV_APPEND, [("new", BK.IO_INPUT, f32, (3, 2, 16)), ("pos", BK.IO_INPUT, i32, (1,))],
+                     [("cache", BK.KV_CACHE, bf, (3, 20, 2, 16))], {},
+                     {"new": _rand((3, 2, 16), tf), "pos": _const([19]), "cache": _rand((3, 20, 2, 16), tb)}))
+    C.append(_single("argmax_bf16", K.SAMPLE_ARGMAX, [("x", BK.IO_INPUT, bf, (2, 3000))],
+                     [("y", BK.IO_OUTPUT, i32, (2,))], {}, {"x": _rand((2, 3000), tb)}))
+    C.append(_single("softmax_f32", K.SOFTMAX, [("x", BK.IO_INPUT, f32, (3, 77))],
+                     [("y", BK.IO_OUTPUT, bf, (3, 77))], {}, {"x": _rand((3, 77), tf, 3)}))
+    C.append(_single("dequant_i4_packed", K.DEQUANT,
+                     [("qw", BK.WEIGHT, D.U8, (16, 32)), ("scales", BK.WEIGHT, bf, (16, 2)), ("zeros", BK.WEIGHT, bf, (16, 2))],
+                     [("y", BK.IO_OUTPUT, bf, (16, 64))], {"qdtype": int(D.I4), "group": 32, "K": 64},
+                     {"qw": _ints((16, 32), 0, 256, torch.uint8), "scales": _rand((16, 2), tb),
+                      "zeros": _ints((16, 2), -2, 3, torch.bfloat16)}))
+    C.append(_single("dequant_i8", K.DEQUANT, [("qw", BK.WEIGHT, D.I8, (8, 48)), ("scales", BK.WEIGHT, f32, (8, 3))],
+                     [("y", BK.IO_OUTPUT, f32, (8, 48))], {"qdtype": int(D.I8), "group": 16},
+                     {"qw": _ints((8, 48), -128, 128, torch.int8), "scales": _rand((8, 3), tf)}))
+    C.append(fused_case())
+    return C
+
+
+def fused_case() -> Case:
+    """rmsnorm -> q/k GEMV tiles -> rope -> kv append, and a second output (the q tile)."""
+    H, hd, nkv = 128, 32, 2
+    b = Builder("fused_norm_gemv_rope_kv")
+    x = b.buf("x", BK.IO_INPUT, D.BF16, (1, H))
+    w = b.buf("norm_w", BK.WEIGHT, D.BF16, (H,))
+    wk = b.buf("wk", BK.WEIGHT, D.BF16, (nkv * hd, H))
+    pos = b.buf("pos", BK.IO_INPUT, D.I32, (1,))
+    cache = b.buf("cache", BK.KV_CACHE, D.BF16, (16, nkv, hd))
+    kout = b.buf("k_roped", BK.IO_OUTPUT, D.BF16, (1, nkv * hd))
+    steps = [
+        {"op": int(K.RMSNORM), "args": [{"in": 0}, {"in": 1}], "out": 0, "params": {"eps": 1e-5},
+         "out_shape": [1, H], "out_dtype": "bfloat16"},
+        {"op": int(K.GEMV_TILE), "args": [{"s": 0}, {"in": 2}], "out": 1,
+         "params": {"n_off": 0, "N_tile": hd, "K": H}, "out_shape": [1, nkv * hd], "out_dtype": "bfloat16"},
+        {"op": int(K.GEMV_TILE), "args": [{"s": 0}, {"in": 2}], "out": 1,
+         "params": {"n_off": hd, "N_tile": hd, "K": H}, "out_shape": [1, nkv * hd], "out_dtype": "bfloat16"},
+        {"op": int(K.ROPE), "args": [{"s": 1}, {"in": 3}], "out": "final", "params": {"head_dim": hd}},
+        {"op": int(K.KV_APPEND), "args": [{"o": 0} if False else {"s": 1}, {"in": 3}], "out": {"o": 1}, "params": {}},
+    ]
+    # the kv append writes the roped k: read it back from the final output's scratch twin
+    steps[4]["args"] = [{"s": 2}, {"in": 3}]
+    steps.insert(4, {"op": int(K.ROPE), "args": [{"s": 1}, {"in": 3}], "out": 2, "params": {"head_dim": hd},
+                     "out_shape": [1, nkv * hd], "out_dtype": "bfloat16"})
+    b.task(K.FUSED, [x, w, wk, pos], [kout, cache], {"recipe": {"steps": steps}})
+    b.outputs = [kout, cache]
+    fill = {"x": _rand((1, H), torch.bfloat16), "norm_w": _rand((H,), torch.bfloat16),
+            "wk": _rand((nkv * hd, H), torch.bfloat16, 0.1), "pos": _const([5]),
+            "cache": _rand((16, nkv, hd), torch.bfloat16)}
+    return Case(b.name, b.program(), fill)
+
+
+def combined_program(cs: list[Case] | None = None) -> Program:
+    """Every case's task in one program (independent tasks): one NVRTC compile covers them all."""
+    cs = cs if cs is not None else cases()
+    bufs, tasks, counters = [], [], []
+    for c in cs:
+        p = c.program
+        boff, coff = len(bufs), len(counters)
+        for bb in p.buffers:
+            bufs.append(Buffer(bb.id + boff, f"{c.name}.{bb.name}", bb.kind, bb.dtype, bb.shape,
+                               f"{c.name}.{bb.source}"))
+        counters.extend(Counter(x.id + coff, x.init) for x in p.counters)
+        for t in p.tasks:
+            tasks.append(Task(len(tasks), t.op, tuple(i + boff for i in t.inputs),
+                              tuple(o + boff for o in t.outputs), t.params,
+                              tuple(Wait(w.counter + coff, w.threshold) for w in t.waits),
+                              t.out_counter + coff, f"{c.name}"))
+    return Program(tuple(bufs), tuple(counters), tuple(tasks), (), "all_cases", ())

@@ -1,0 +1,598 @@
+"""Program -> the CUDA backend's tables: task descriptors, waits, pointer references, prefetch
+ranges, and the list of device-function variants the renderer turns into a switch.
+
+Nothing here touches a GPU: pointers are symbolic (a buffer id or a scratch-arena offset) and
+the runtime resolves them once the buffers are bound. Per-task parameters live in descriptors,
+so the rendered source depends only on the set of (opcode, dtypes, shape class) variants, never
+on the number of tasks: a Llama program renders to a few dozen functions and compiles in seconds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from amk.errors import CompileError
+from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program
+from amk.backends.cuda import abi
+
+# C++ type of each buffer dtype in the templates (bf16/f16 are freestanding bit structs).
+CTYPE = {DType.F32: "float", DType.F16: "f16", DType.BF16: "bf16", DType.I32: "int",
+         DType.I64: "long long", DType.I8: "signed char", DType.U8: "unsigned char"}
+RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16,
+                 "int8": DType.I8, "int32": DType.I32,
+                 **{d.short: d for d in (DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8,
+                                         DType.U8)}}
+FLOATS = (DType.F32, DType.F16, DType.BF16)
+XS_MAX = 16384          # floats of x a GEMV stages in shared memory (64 KiB); K must fit
+HD_MAX = 256            # largest attention head_dim the templates handle
+SCRATCH_ALIGN = 256
+
+REF_BUFFER, REF_SCRATCH = 0, 1
+
+
+@dataclass(frozen=True)
+class View:
+    """What an op sees of one operand: shape, dtype, where it lives, and what it is."""
+    shape: tuple[int, ...]
+    dtype: DType
+    ref: tuple[int, int]                 # (REF_BUFFER, buffer id) or (REF_SCRATCH, byte offset)
+    kind: BufferKind | None = None       # None for FUSED scratch
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def cols(self) -> int:
+        return self.shape[-1] if self.shape else 1
+
+    @property
+    def esize(self) -> int:
+        return self.dtype.itemsize
+
+
+@dataclass
+class Encoded:
+    """One descriptor's content, before it is packed."""
+    op: int
+    call: str | None                     # C++ call of the device function; None = nothing to run
+    ip: dict[str, int] = field(default_factory=dict)
+    fp: dict[str, float] = field(default_factory=dict)
+    group: str = ""
+    prefetch: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)  # (ref, off, n)
+
+
+@dataclass
+class Lowered:
+    variants: list[str]
+    tasks: np.ndarray                    # TASK_DTYPE, program tasks first then FUSED steps
+    n_program_tasks: int
+    waits: np.ndarray                    # WAIT_DTYPE
+    ptr_refs: np.ndarray                 # int64 [n, 2]: (kind, buffer id | scratch offset)
+    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): prefetch + zero
+    scratch_bytes: int
+    queues: list[list[int]]              # per-CTA task ids (program order within a queue)
+
+
+class _Err(CompileError):
+    pass
+
+
+def _fail(task, msg: str) -> None:
+    where = f"task {task.id} ({task.name or task.op.name})" if task is not None else "program"
+    raise CompileError(f"CUDA backend: {where}: {msg}")
+
+
+def _ct(task, dt: DType) -> str:
+    if dt not in CTYPE:
+        _fail(task, f"dtype {dt.name} is not supported by the CUDA templates")
+    return CTYPE[dt]
+
+
+def _ft(task, dt: DType) -> str:
+    if dt not in FLOATS:
+        _fail(task, f"expected a float dtype (f32/f16/bf16), got {dt.name}")
+    return CTYPE[dt]
+
+
+def _b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def _col_range(task, params, out: View) -> tuple[int, int]:
+    lo = int(params.get("n_off", 0))
+    nt = params.get("N_tile")
+    hi = out.cols if nt is None else lo + int(nt)
+    if not 0 <= lo <= hi <= out.cols:
+        _fail(task, f"column tile [{lo}, {hi}) is outside the output's {out.cols} columns")
+    return lo, hi
+
+
+def _bcast(task, x: View, out: View) -> tuple[int, int]:
+    """(row stride, col stride) of an elementwise operand read as the output (see tile_view)."""
+    C = out.cols
+    R = out.numel // max(C, 1)
+    if x.numel == out.numel:
+        return C, 1
+    if x.numel == C and x.cols == C:
+        return 0, 1
+    if x.numel == 1:
+        return 0, 0
+    if x.cols == 1 and x.numel == R:
+        return 1, 0
+    _fail(task, f"operand of shape {x.shape} does not broadcast to the output {out.shape}")
+    return 0, 0
+
+
+# ---------------------------------------------------------------------------------------------
+# One encoder per opcode: (task for errors, inputs, outputs, params) -> Encoded
+# ---------------------------------------------------------------------------------------------
+_EW = {K.COPY: "COPY", K.ADD: "ADD", K.MUL: "MUL", K.SILU_MUL: "SILU_MUL", K.GELU: "GELU"}
+
+
+def _enc_elementwise(t, op, ins, outs, p) -> Encoded:
+    out = outs[0]
+    kind = _EW[op]
+    n_args = {"COPY": 1, "GELU": 1, "ADD": 2, "SILU_MUL": 2, "MUL": 2}[kind]
+    if op == K.MUL and len(ins) == 1:
+        kind, n_args = "MULS", 1
+    if len(ins) < n_args:
+        _fail(t, f"{op.name} needs {n_args} inputs, got {len(ins)}")
+    a = ins[0]
+    b = ins[1] if n_args == 2 else ins[0]
+    c0, c1 = _col_range(t, p, out)
+    ars, acs = _bcast(t, a, out)
+    brs, bcs = _bcast(t, b, out)
+    ta = _ct(t, a.dtype)
+    tb = _ct(t, b.dtype)
+    ty = _ct(t, out.dtype)
+    e = Encoded(int(op), f"op_ew<EW_{kind}, {ty}, {ta}, {tb}>(AMK_ARGS)", group="EW")
+    e.ip = dict(ROWS=out.numel // out.cols, COLS=out.cols, C0=c0, C1=c1, A_RS=ars, A_CS=acs,
+                B_RS=brs, B_CS=bcs, KIND=abi.EW_KINDS.index(kind))
+    e.fp = dict(SCALE=float(p.get("scale", 1.0)))
+    return e
+
+
+def _enc_allreduce(t, op, ins, outs, p) -> Encoded:
+    out = outs[0]
+    for x in ins:
+        if x.numel != out.numel or x.dtype != ins[0].dtype:
+            _fail(t, "ALLREDUCE_SHARD inputs must all have the output's numel and one dtype")
+    e = Encoded(int(op), f"op_allreduce<{_ct(t, out.dtype)}, {_ct(t, ins[0].dtype)}>(AMK_ARGS)",
+                group="RED")
+    e.ip = dict(N=out.numel)
+    return e
+
+
+def _weight_prefetch(x: View, off: int, nbytes: int, e: Encoded) -> None:
+    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0:
+        e.prefetch.append((x.ref, off, nbytes))
+
+
+def _enc_gemv(t, op, ins, outs, p) -> Encoded:
+    x, w, out = ins[0], ins[1], outs[0]
+    Kd = int(p.get("K", x.cols))
+    if Kd <= 0 or x.numel % Kd:
+        _fail(t, f"x of {x.numel} elements is not rows of K={Kd}")
+    M = x.numel // Kd
+    N = out.cols
+    if out.numel != M * N:
+        _fail(t, f"output {out.shape} is not [{M}, N] for x {x.shape} and K={Kd}")
+    qd = int(p.get("qdtype", 0))
+    quant = qd in (int(DType.I4), int(DType.I8)) and len(ins) >= 3
+    rows = w.shape[0] if w.shape else 1
+    ldw = w.numel // max(rows, 1)
+    if quant:
+        scales = ins[2]
+        zeros = ins[3] if len(ins) > 3 else None
+        n_full = scales.shape[0]
+        group = int(p.get("group", Kd))
+        ngroups = scales.numel // n_full
+        qmode = 2 if qd == int(DType.I4) else 1
+        if qmode == 2 and w.dtype not in (DType.U8, DType.I8):
+            _fail(t, f"int4 weights are packed in a U8 buffer, got {w.dtype.name}")
+        if qmode == 1 and w.dtype != DType.I8:
+            _fail(t, f"int8 weights must be an I8 buffer, got {w.dtype.name}")
+        vw = 32 if qmode == 2 else 16
+        vec = Kd % vw == 0 and ldw % 16 == 0
+        ts = _ft(t, scales.dtype)
+        tz = _ft(t, zeros.dtype) if zeros is not None else ts
+        tw = _ct(t, w.dtype)
+    else:
+        zeros = None
+        n_full = rows
+        group, ngroups, qmode = Kd, 1, 0
+        tw = _ft(t, w.dtype)
+        vw = 16 // w.esize
+        vec = Kd % vw == 0 and ldw % vw == 0
+        bias = ins[2] if len(ins) > 2 else None
+        ts = _ft(t, bias.dtype) if bias is not None else "float"
+        tz = ts
+    n_off = int(p.get("n_off", 0))
+    n_tile = int(p.get("N_tile", n_full))
+    if not (0 <= n_off and n_off + n_tile <= min(n_full, N)):
+        _fail(t, f"tile [{n_off}, {n_off + n_tile}) exceeds the weight's {n_full} rows / "
+                 f"output's {N} columns")
+    if Kd > XS_MAX:
+        _fail(t, f"K={Kd} exceeds the {XS_MAX} elements a GEMV stages in shared memory")
+    mb = max(1, min(M, 4, XS_MAX // Kd))
+    # the non-coherent read-only path only for buffers nothing writes during the kernel
+    w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
+    has_bias = not quant and len(ins) > 2
+    call = (f"op_gemv<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, {tz}, {qmode}, "
+            f"{_b(has_bias)}, {_b(zeros is not None)}, {_b(vec)}, {mb}, {_b(w_ro)}>(AMK_ARGS)")
+    e = Encoded(int(op), call, group="GEMV")
+    e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
+                NGROUPS=ngroups)
+    row_bytes = ldw * w.esize
+    _weight_prefetch(w, n_off * row_bytes, n_tile * row_bytes, e)
+    if quant:
+        sb = ngroups * ins[2].esize
+        _weight_prefetch(ins[2], n_off * sb, n_tile * sb, e)
+        if zeros is not None:
+            _weight_prefetch(zeros, n_off * sb, n_tile * sb, e)
+    elif has_bias:
+        _weight_prefetch(ins[2], n_off * ins[2].esize, n_tile * ins[2].esize, e)
+    return e
+
+
+def _enc_norm(t, op, ins, outs, p) -> Encoded:
+    x, w, out = ins[0], ins[1], outs[0]
+    H = int(p.get("hidden", w.numel)) if op == K.LAYERNORM else w.numel
+    if x.numel % H or out.numel != x.numel:
+        _fail(t, f"x {x.shape} / out {out.shape} are not rows of H={H}")
+    if op == K.RMSNORM:
+        call = f"op_rmsnorm<{_ft(t, x.dtype)}, {_ft(t, w.dtype)}, {_ft(t, out.dtype)}>(AMK_ARGS)"
+        eps = float(p.get("eps", 1e-6))
+    else:
+        hb = len(ins) > 2
+        tb = _ft(t, ins[2].dtype) if hb else "float"
+        call = (f"op_layernorm<{_ft(t, x.dtype)}, {_ft(t, w.dtype)}, {tb}, {_ft(t, out.dtype)}, "
+                f"{_b(hb)}>(AMK_ARGS)")
+        eps = float(p.get("eps", 1e-5))
+    e = Encoded(int(op), call, group="NORM")
+    e.ip = dict(ROWS=x.numel // H, H=H)
+    e.fp = dict(EPS=eps)
+    for v in ins[1:]:
+        _weight_prefetch(v, 0, v.numel * v.esize, e)
+    return e
+
+
+def _int_input(t, v: View, what: str) -> int:
+    if v.dtype not in (DType.I32, DType.I64):
+        _fail(t, f"{what} must be int32 or int64, got {v.dtype.name}")
+    return int(v.dtype == DType.I64)
+
+
+def _enc_rope(t, op, ins, outs, p) -> Encoded:
+    x, pos, out = ins[0], ins[1], outs[0]
+    hd = int(p["head_dim"])
+    if hd % 2 or out.numel % hd or x.numel != out.numel:
+        _fail(t, f"rope: x {x.shape} / out {out.shape} are not rows of head_dim={hd}")
+    c0, c1 = _col_range(t, p, out)
+    if (c0, c1) != (0, out.cols) and (c0 % hd or (c1 - c0) % hd):
+        _fail(t, f"rope column tile [{c0}, {c1}) must cover whole heads of {hd}")
+    heads = out.numel // hd
+    if heads % pos.numel:
+        _fail(t, f"rope: {pos.numel} positions do not divide {heads} heads")
+    has_inv = len(ins) > 2
+    tf = _ft(t, ins[2].dtype) if has_inv else "float"
+    e = Encoded(int(op), f"op_rope<{_ft(t, x.dtype)}, {_ft(t, out.dtype)}, {tf}>(AMK_ARGS)", group="ROPE")
+    e.ip = dict(ROWS=out.numel // out.cols, COLS=out.cols, C0=c0, C1=c1, HD=hd, NPOS=pos.numel,
+                POS64=_int_input(t, pos, "rope pos"), HAS_INV=int(has_inv))
+    e.fp = dict(THETA=float(p.get("theta", 10000.0)))
+    return e
+
+
+def _enc_attention(t, op, ins, outs, p) -> Encoded:
+    q, kc, vc, out = ins[0], ins[1], ins[2], outs[0]
+    hd = int(p["head_dim"])
+    nh = int(p.get("n_heads", q.shape[-2] if len(q.shape) >= 2 and q.cols == hd
+                   else q.cols // hd))
+    nkv = int(p.get("n_kv_heads", nh))
+    if nkv <= 0 or nh % nkv:
+        _fail(t, f"n_heads={nh} is not a multiple of n_kv_heads={nkv}")
+    rep = nh // nkv
+    if len(kc.shape) == 4:
+        B, max_seq = kc.shape[0], kc.shape[1]
+    elif len(kc.shape) == 3 and tuple(kc.shape[-2:]) == (nkv, hd):
+        B, max_seq = 1, kc.shape[0]
+    else:
+        B, max_seq = 1, kc.numel // (nkv * hd)
+    if B * max_seq * nkv * hd != kc.numel or vc.numel != kc.numel:
+        _fail(t, f"caches {kc.shape}/{vc.shape} are not [B?, max_seq, {nkv}, {hd}]")
+    if q.numel != B * nh * hd:
+        _fail(t, f"q {q.shape} is not [{B}, {nh}*{hd}]")
+    if hd > HD_MAX or hd % 2:
+        _fail(t, f"head_dim={hd} must be even and at most {HD_MAX}")
+    h_off = int(p.get("h_off", 0))
+    hc = int(p.get("h_count", nh - h_off))
+    if not (h_off >= 0 and hc >= 0 and h_off + hc <= nh and h_off % rep == 0 and hc % rep == 0):
+        _fail(t, f"head range h_off={h_off}, h_count={hc} must cover whole kv groups of {rep}")
+    flags = int(p.get("flags", 0))
+    width = hd + 2 if flags & 2 else hd
+    if out.numel != B * nh * width:
+        _fail(t, f"output {out.shape} is not [{B}, {nh}, {width}]")
+    lo = int(p.get("kv_start", 0))
+    kv_len = int(p.get("kv_len", max_seq - lo))
+    has_pos = len(ins) > 3
+    call = (f"op_attention<{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, "
+            f"{_ft(t, out.dtype)}>(AMK_ARGS)")
+    e = Encoded(int(op), call, group="ATTN")
+    e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
+                H_COUNT=hc, B=B, MAX_SEQ=max_seq,
+                POS64=_int_input(t, ins[3], "attention pos") if has_pos else 0,
+                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize)
+    e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)))
+    return e
+
+
+def _enc_combine(t, op, ins, outs, p) -> Encoded:
+    out = outs[0]
+    hd = int(p["head_dim"])
+    nh = int(p.get("n_heads", out.numel // hd if len(out.shape) <= 1 else out.cols // hd))
+    B = out.numel // (nh * hd)
+    h_off = int(p.get("h_off", 0))
+    hc = int(p.get("h_count", nh - h_off))
+    if not ins or any(x.numel != B * nh * (hd + 2) or x.dtype != ins[0].dtype for x in ins):
+        _fail(t, f"combine inputs must be [{B}, {nh}, {hd}+2] partials of one dtype")
+    if not (0 <= h_off and h_off + hc <= nh):
+        _fail(t, f"head range h_off={h_off}, h_count={hc} outside {nh} heads")
+    e = Encoded(int(op), f"op_combine<{_ft(t, ins[0].dtype)}, {_ft(t, out.dtype)}>(AMK_ARGS)",
+                group="COMB")
+    e.ip = dict(HD=hd, NH=nh, H_OFF=h_off, H_COUNT=hc, B=B, P=len(ins))
+    return e
+
+
+def _enc_embed(t, op, ins, outs, p) -> Encoded:
+    ids, table, out = ins[0], ins[1], outs[0]
+    H = table.cols
+    if out.numel != ids.numel * H:
+        _fail(t, f"output {out.shape} is not [{ids.numel}, {H}]")
+    e = Encoded(int(op), f"op_embed<{_ct(t, table.dtype)}, {_ct(t, out.dtype)}>(AMK_ARGS)", group="EMBED")
+    e.ip = dict(B=ids.numel, H=H, V=table.numel // H, IDS64=_int_input(t, ids, "token ids"))
+    return e
+
+
+def _enc_kv_append(t, op, ins, outs, p) -> Encoded:
+    new, cache = ins[0], outs[0]
+    if len(cache.shape) == 4:
+        B, max_seq = cache.shape[0], cache.shape[1]
+        rowlen = math.prod(cache.shape[2:])
+    else:
+        B, max_seq = 1, cache.shape[0]
+        rowlen = cache.numel // max_seq
+    if new.numel % (B * rowlen):
+        _fail(t, f"new rows {new.shape} are not rows of {rowlen} for a cache {cache.shape}")
+    has_pos = "pos" not in p
+    if has_pos and len(ins) < 2:
+        _fail(t, "KV_APPEND needs a pos input (or the seed's params['pos'])")
+    e = Encoded(int(op), f"op_kv_append<{_ct(t, new.dtype)}, {_ct(t, cache.dtype)}>(AMK_ARGS)",
+                group="KV")
+    e.ip = dict(ROWLEN=rowlen, NROWS=new.numel // (B * rowlen), MAX_SEQ=max_seq, B=B,
+                POS64=_int_input(t, ins[1], "pos") if has_pos else 0, HAS_POS=int(has_pos),
+                POS_PARAM=int(p.get("pos", 0)))
+    return e
+
+
+def _enc_argmax(t, op, ins, outs, p) -> Encoded:
+    x, out = ins[0], outs[0]
+    V = x.cols
+    e = Encoded(int(op), f"op_argmax<{_ft(t, x.dtype)}>(AMK_ARGS)", group="ARGMAX")
+    e.ip = dict(ROWS=x.numel // V, V=V, OUT64=_int_input(t, out, "argmax output"))
+    if out.numel != x.numel // V:
+        _fail(t, f"output {out.shape} has not one id per row of {x.shape}")
+    return e
+
+
+def _enc_softmax(t, op, ins, outs, p) -> Encoded:
+    x, out = ins[0], outs[0]
+    if int(p.get("dim", -1)) not in (-1, len(out.shape) - 1):
+        _fail(t, "SOFTMAX over an axis other than the last is not supported")
+    e = Encoded(int(op), f"op_softmax<{_ft(t, x.dtype)}, {_ft(t, out.dtype)}>(AMK_ARGS)",
+                group="SOFTMAX")
+    e.ip = dict(ROWS=out.numel // out.cols, H=out.cols)
+    return e
+
+
+def _enc_dequant(t, op, ins, outs, p) -> Encoded:
+    qw, scales, out = ins[0], ins[1], outs[0]
+    Kd = int(p.get("K", out.cols))
+    qd = int(p.get("qdtype", int(DType.I8)))
+    packed = qd == int(DType.I4) and qw.dtype == DType.U8 and qw.cols * 2 >= Kd > qw.cols
+    N = qw.numel // qw.cols
+    if out.numel != N * Kd:
+        _fail(t, f"output {out.shape} is not [{N}, {Kd}]")
+    zeros = ins[2] if len(ins) > 2 else None
+    tz = _ft(t, zeros.dtype) if zeros is not None else "float"
+    call = (f"op_dequant<{_ct(t, qw.dtype)}, {_ft(t, scales.dtype)}, {tz}, {_ft(t, out.dtype)}, "
+            f"{_b(zeros is not None)}>(AMK_ARGS)")
+    e = Encoded(int(op), call, group="DEQ")
+    e.ip = dict(N=N, K=Kd, LDQ=qw.cols, GROUP=int(p.get("group", Kd)),
+                NGROUPS=scales.numel // N, PACKED=int(packed))
+    return e
+
+
+ENCODERS = {
+    K.COPY: _enc_elementwise, K.ADD: _enc_elementwise, K.MUL: _enc_elementwise,
+    K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise,
+    K.ALLREDUCE_SHARD: _enc_allreduce,
+    K.GEMV_TILE: _enc_gemv, K.GEMM_TILE: _enc_gemv,
+    K.RMSNORM: _enc_norm, K.LAYERNORM: _enc_norm,
+    K.ROPE: _enc_rope,
+    K.ATTENTION_TILE: _enc_attention, K.ATTENTION_COMBINE: _enc_combine,
+    K.EMBED: _enc_embed, K.KV_APPEND: _enc_kv_append,
+    K.SAMPLE_ARGMAX: _enc_argmax, K.SOFTMAX: _enc_softmax, K.DEQUANT: _enc_dequant,
+}
+
+
+def encode_op(task, op: K, ins: list[View], outs: list[View], params) -> Encoded:
+    if op == K.NOP:
+        return Encoded(int(op), None)
+    if op not in ENCODERS:
+        _fail(task, f"opcode {op.name} has no CUDA template")
+    if not outs:
+        _fail(task, f"{op.name} has no output")
+    return ENCODERS[op](task, op, ins, outs, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# FUSED: steps become sub-descriptors over a per-task scratch region of the arena
+# ---------------------------------------------------------------------------------------------
+_FULL_WRITE = {K.RMSNORM, K.LAYERNORM, K.EMBED, K.SOFTMAX, K.ALLREDUCE_SHARD, K.DEQUANT,
+               K.SAMPLE_ARGMAX}
+
+
+def _writes_whole(op: K, p, out: View) -> bool:
+    if op in _FULL_WRITE:
+        return True
+    if op in (K.COPY, K.ADD, K.MUL, K.SILU_MUL, K.GELU, K.ROPE):
+        return "n_off" not in p and "N_tile" not in p
+    return False
+
+
+def _check_recipe(task, recipe, n_in, n_out) -> None:
+    try:
+        from amk.backends.reference.semantics_fused import validate_recipe
+    except ImportError:          # the oracle module is optional for the backend itself
+        return
+    errs = validate_recipe(recipe, n_in, n_out)
+    if errs:
+        _fail(task, "malformed FUSED recipe: " + "; ".join(errs))
+
+
+def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
+    """-> (steps [(Encoded, in views, out views)], zero ranges [(off, bytes)], bytes used)."""
+    recipe = task.params.get("recipe")
+    _check_recipe(task, recipe, len(ins), len(outs))
+    slots: dict[int, View] = {}
+    off = scratch_base
+    steps, zero = [], []
+    for i, st in enumerate(recipe["steps"]):
+        op = K(int(st["op"]))
+        args = [ins[a["in"]] if "in" in a else slots[a["s"]] for a in st.get("args", [])]
+        out = st["out"]
+        sp = st.get("params", {}) or {}
+        if out == "final" or out == -1:
+            target = outs[0]
+        elif isinstance(out, dict):
+            target = outs[out["o"]]
+        else:
+            od = st.get("out_dtype")
+            if od is not None and od not in RECIPE_DTYPES:
+                _fail(task, f"step {i}: scratch dtype {od!r} is not supported on CUDA")
+            dt = RECIPE_DTYPES[od] if od else args[0].dtype
+            shape = tuple(st["out_shape"]) if st.get("out_shape") is not None else args[0].shape
+            old = slots.get(out)
+            if old is not None and old.shape == shape and old.dtype == dt:
+                target = old
+            else:
+                off = -(-off // SCRATCH_ALIGN) * SCRATCH_ALIGN
+                target = View(shape, dt, (REF_SCRATCH, off), None)
+                nbytes = math.prod(shape) * dt.itemsize
+                if not _writes_whole(op, sp, target):
+                    zero.append((off, nbytes))
+                off += nbytes
+                slots[out] = target
+        enc = encode_op(task, op, args, [target], sp)
+        steps.append((enc, args, [target]))
+    return steps, zero, off - scratch_base
+
+
+# ---------------------------------------------------------------------------------------------
+def _view(b: Buffer) -> View:
+    return View(tuple(b.shape), b.dtype, (REF_BUFFER, b.id), b.kind)
+
+
+def _queues(program: Program, n_ctas: int) -> list[list[int]]:
+    if program.queues:
+        qs = [list(q) for q in program.queues]
+        seen = sorted(t for q in qs for t in q)
+        if seen != list(range(len(program.tasks))):
+            _fail(None, "program.queues must hold every task exactly once")
+        return qs
+    n = max(1, min(n_ctas, len(program.tasks)))
+    return [list(range(i, len(program.tasks), n)) for i in range(n)]
+
+
+def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
+    """Encode every task. ``n_ctas`` only matters when the program has no queues."""
+    variants: dict[str, int] = {}
+    n_inc = np.zeros(len(program.counters), dtype=np.int64)
+    for t in program.tasks:
+        if t.out_counter is not None and t.out_counter >= 0:
+            n_inc[t.out_counter] += 1
+    rows: list[dict[str, Any]] = []
+    subs: list[dict[str, Any]] = []
+    waits: list[tuple[int, int, int]] = []
+    refs: list[tuple[int, int]] = []
+    ranges: list[tuple[tuple[int, int], int, int]] = []
+    scratch = 0
+
+    def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
+        var = -1
+        if enc.call is not None:
+            var = variants.setdefault(enc.call, len(variants))
+        d = dict(op=enc.op, variant=var, ptr_begin=len(refs), n_in=len(ins), n_out=len(outs),
+                 pf_begin=len(ranges), n_pf=len(enc.prefetch), ip=enc.ip, fp=enc.fp,
+                 group=enc.group)
+        refs.extend(v.ref for v in ins + outs)
+        ranges.extend(enc.prefetch)
+        return d
+
+    for t in program.tasks:
+        ins = [_view(program.buffers[b]) for b in t.inputs]
+        outs = [_view(program.buffers[b]) for b in t.outputs]
+        if t.op == K.FUSED:
+            steps, zero, used = _lower_fused(t, ins, outs, scratch)
+            d = desc(Encoded(int(t.op), None), ins, outs)
+            d["sub_begin"], d["n_sub"] = len(subs), len(steps)
+            pf = [r for enc, _, _ in steps for r in enc.prefetch]
+            d["pf_begin"], d["n_pf"] = len(ranges), len(pf)
+            ranges.extend(pf)
+            d["zero_begin"], d["n_zero"] = len(ranges), len(zero)
+            ranges.extend(((REF_SCRATCH, o), 0, n) for o, n in zero)
+            for enc, sins, souts in steps:
+                sd = desc(enc, sins, souts)
+                sd["n_pf"] = 0
+                sd["task_id"] = t.id
+                subs.append(sd)
+            scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        else:
+            d = desc(encode_op(t, t.op, ins, outs, t.params), ins, outs)
+        d["task_id"] = t.id
+        d["wait_begin"], d["n_waits"] = len(waits), len(t.waits)
+        for w in t.waits:
+            if not 0 <= w.counter < len(program.counters):
+                _fail(t, f"waits on counter {w.counter}, which does not exist")
+            waits.append((w.counter, w.threshold, int(n_inc[w.counter])))
+        d["out_counter"] = t.out_counter if t.out_counter is not None else -1
+        rows.append(d)
+
+    n_prog = len(rows)
+    for s in subs:
+        s["wait_begin"], s["n_waits"], s["out_counter"] = 0, 0, -1
+    for d in rows:
+        if d.get("n_sub"):
+            d["sub_begin"] += n_prog
+    table = np.zeros(n_prog + len(subs), dtype=abi.TASK_DTYPE)
+    for i, d in enumerate(rows + subs):
+        rec = table[i]
+        for f in ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in",
+                  "n_out", "sub_begin", "n_sub", "pf_begin", "n_pf", "zero_begin", "n_zero",
+                  "task_id"):
+            rec[f] = d.get(f, 0)
+        g = d["group"]
+        for name, v in d["ip"].items():
+            rec["ip"][abi.ip_index(g, name)] = int(v)
+        for name, v in d["fp"].items():
+            rec["fp"][abi.fp_index(g, name)] = float(v)
+    wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
+    for i, (c, th, st) in enumerate(waits):
+        wt[i]["counter"], wt[i]["threshold"], wt[i]["stride"] = c, th & 0xFFFFFFFF, st
+    return Lowered(variants=list(variants), tasks=table, n_program_tasks=n_prog, waits=wt,
+                   ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2), ranges=ranges,
+                   scratch_bytes=scratch, queues=_queues(program, n_ctas))

@@ -1,0 +1,240 @@
+"""CudaProgram: a Program compiled into one persistent kernel and run one launch per step.
+
+Binding contract (the reference VM's): ``run(bindings)`` maps each IO_INPUT / WEIGHT / CONST /
+KV_CACHE buffer's ``source`` to a tensor; activations are allocated once and reused; the KV
+cache is updated in place; the result is the tensors of ``program.outputs`` in order, IO_OUTPUT
+cloned. Counters are monotonic across steps and the kernel advances the epoch itself, so a
+step is exactly one launch on torch's current stream (``launch()`` is CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from amk import knobs
+from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
+from amk.program.ir import BufferKind, Program
+from amk.backends.cuda import abi
+from amk.backends.cuda.codegen import NTHREADS, SMEM_BYTES, render_lowered
+from amk.backends.cuda.compile import compile_source
+from amk.backends.cuda.driver import Kernel
+from amk.backends.cuda.lower import REF_BUFFER, lower_program
+
+_BOUND = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
+_OWNED = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.IO_INPUT)
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+def _dev_tensor(a: np.ndarray, device) -> torch.Tensor:
+    raw = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    if raw.size == 0:
+        raw = np.zeros(16, dtype=np.uint8)
+    return torch.from_numpy(raw.copy()).to(device)
+
+
+class CudaProgram:
+    def __init__(self, program: Program, device=None, *, validate: bool = True,
+                 arch: str | None = None):
+        if not torch.cuda.is_available():
+            raise BackendUnavailable("CudaProgram needs a CUDA GPU; use backend='reference'")
+        self.program = program
+        self.device = torch.device(device if device is not None else "cuda")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if validate:
+            import amk
+            res = amk.validate(program)
+            if not res.ok:
+                raise ValidationError("the CUDA backend refuses an invalid program:\n"
+                                      + res.report(), res)
+        self.timings: dict[str, float] = {}
+        sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
+        t0 = time.perf_counter()
+        self.lowered = low = lower_program(program, n_ctas=sm_count)
+        self.source = render_lowered(low)
+        self.timings["render_s"] = time.perf_counter() - t0
+        res = compile_source(self.source, arch or _arch(self.device))
+        self.compile_result = res
+        self.timings["compile_s"] = res.seconds
+        self.timings["cache_hit"] = float(res.cache_hit)
+        t0 = time.perf_counter()
+        with torch.cuda.device(self.device):
+            torch.zeros(1, device=self.device)             # make torch's context current
+            self.kernel = Kernel(res.cubin, "amk_megakernel", self.device.index, SMEM_BYTES)
+        self.timings["load_s"] = time.perf_counter() - t0
+        self.grid = len(low.queues)
+        occ = self.kernel.occupancy(NTHREADS)
+        if occ < 1 or self.grid > occ * self.kernel.sm_count:
+            raise BackendUnavailable(
+                f"the megakernel needs {self.grid} co-resident CTAs but the GPU holds "
+                f"{occ} per SM x {self.kernel.sm_count} SMs; place the program on fewer queues")
+        self._alloc()
+
+    # ------------------------------------------------------------------ setup
+    def _alloc(self) -> None:
+        low, dev, prog = self.lowered, self.device, self.program
+        self.buffers: dict[int, torch.Tensor] = {}
+        for b in prog.buffers:
+            if b.kind in _OWNED:
+                self.buffers[b.id] = torch.zeros(b.shape, dtype=b.dtype.torch, device=dev)
+        self.scratch = torch.zeros(max(low.scratch_bytes, 16), dtype=torch.uint8, device=dev)
+        self.counter_init = torch.tensor([c.init for c in prog.counters] or [0],
+                                         dtype=torch.int64).to(torch.int32)
+        self.counters = self.counter_init.to(dev)
+        self.state = torch.zeros(abi.STATE_DTYPE.itemsize // 4, dtype=torch.int32, device=dev)
+        errs = np.full(max(self.grid, 1), -1, dtype=np.int64).astype(np.int32)
+        self._errs_init = np.zeros(max(self.grid, 1), dtype=abi.ERR_DTYPE)
+        self._errs_init["task"] = errs
+        self.errs = _dev_tensor(self._errs_init, dev)
+        self.tasks_dev = _dev_tensor(low.tasks, dev)
+        self.waits_dev = _dev_tensor(low.waits, dev)
+        qt = np.array([t for q in low.queues for t in q] or [0], dtype=np.int32)
+        qo = np.cumsum([0] + [len(q) for q in low.queues]).astype(np.int32)
+        self.queue_tasks = _dev_tensor(qt, dev)
+        self.queue_off = _dev_tensor(qo, dev)
+        self.ptrs_dev = torch.zeros(max(len(low.ptr_refs), 1), dtype=torch.int64, device=dev)
+        self.ranges_dev = torch.zeros(max(len(low.ranges), 1) * 2, dtype=torch.int64, device=dev)
+        self._bound: dict[int, torch.Tensor] = {}
+        self._bound_key: tuple | None = None
+        self._poisoned = False
+        self._args: bytes | None = None
+
+    def _addresses(self) -> np.ndarray:
+        base = np.zeros(len(self.program.buffers), dtype=np.uint64)
+        for bid, t in list(self.buffers.items()) + list(self._bound.items()):
+            base[bid] = t.data_ptr()
+        return base
+
+    def _upload_tables(self) -> None:
+        low = self.lowered
+        base = self._addresses()
+        sbase = np.uint64(self.scratch.data_ptr())
+        refs = low.ptr_refs
+        if len(refs):
+            ptrs = np.where(refs[:, 0] == REF_BUFFER, base[refs[:, 1].clip(0, len(base) - 1)],
+                            sbase + refs[:, 1].astype(np.uint64))
+            self.ptrs_dev.copy_(torch.from_numpy(ptrs.astype(np.uint64).view(np.int64)))
+        if low.ranges:
+            rng = np.zeros(len(low.ranges), dtype=abi.RANGE_DTYPE)
+            for i, ((kind, ident), off, n) in enumerate(low.ranges):
+                a = base[ident] if kind == REF_BUFFER else sbase + np.uint64(ident)
+                rng[i]["addr"], rng[i]["bytes"] = np.uint64(a) + np.uint64(off), n
+            self.ranges_dev.copy_(torch.from_numpy(rng.view(np.int64)))
+        args = np.zeros(1, dtype=abi.ARGS_DTYPE)
+        for name, t in (("tasks", self.tasks_dev), ("waits", self.waits_dev),
+                        ("ptrs", self.ptrs_dev), ("ranges", self.ranges_dev),
+                        ("queue_tasks", self.queue_tasks), ("queue_off", self.queue_off),
+                        ("counters", self.counters), ("state", self.state), ("errs", self.errs)):
+            args[0][name] = t.data_ptr()
+        args[0]["watchdog_ns"] = int(knobs.watchdog_s() * 1e9)
+        args[0]["n_queues"] = self.grid
+        self._args = args.tobytes()
+
+    # ------------------------------------------------------------------ binding
+    def _bind(self, bindings: Mapping[str, torch.Tensor]) -> None:
+        bound: dict[int, torch.Tensor] = {}
+        for b in self.program.buffers:
+            if b.kind not in _BOUND and b.kind != BufferKind.IO_INPUT:
+                continue
+            key = b.source or b.name
+            if key not in bindings:
+                raise TraceError(f"buffer {b.name!r} ({b.kind.name}) needs a tensor bound to "
+                                 f"{key!r}; bindings has {sorted(bindings)[:12]}")
+            t = bindings[key]
+            if t.dtype != b.dtype.torch or t.numel() != b.numel:
+                raise TraceError(f"buffer {b.name!r} expects {b.dtype.name}{list(b.shape)}, "
+                                 f"got {t.dtype}{list(t.shape)} for {key!r}")
+            if b.kind == BufferKind.IO_INPUT:
+                self.buffers[b.id].copy_(t.reshape(b.shape), non_blocking=True)
+                continue
+            if t.device != self.device or not t.is_contiguous() or t.data_ptr() % 16:
+                if b.kind == BufferKind.KV_CACHE:
+                    raise TraceError(f"KV cache {key!r} must be a contiguous, 16-byte aligned "
+                                     f"tensor on {self.device} (it is updated in place)")
+                t = t.to(self.device).contiguous().clone()
+            bound[b.id] = t
+        key = tuple(sorted((i, t.data_ptr()) for i, t in bound.items()))
+        self._bound = bound
+        if key != self._bound_key or self._args is None:
+            self._upload_tables()
+            self._bound_key = key
+
+    # ------------------------------------------------------------------ running
+    def reset(self) -> None:
+        """Counters back to their initial values and epoch 0 (after an aborted step)."""
+        self.counters.copy_(self.counter_init)
+        self.state.zero_()
+        self.errs.copy_(torch.from_numpy(self._errs_init.view(np.uint8).copy()))
+        self._poisoned = False
+
+    def launch(self) -> None:
+        """One decode step: one kernel launch on torch's current stream, nothing else."""
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.kernel.launch(self.grid, NTHREADS, stream, self._args)
+
+    def run(self, bindings: Mapping[str, torch.Tensor], check: bool = True) -> list[torch.Tensor]:
+        with torch.cuda.device(self.device):
+            if self._poisoned:
+                self.reset()
+            self._bind(bindings)
+            self.launch()
+            if check:
+                self.check()
+            return self._outputs()
+
+    def check(self) -> None:
+        """Synchronise and raise the error the kernel recorded, if any."""
+        torch.cuda.current_stream(self.device).synchronize()
+        st = self.state.cpu().numpy().view(abi.STATE_DTYPE)[0]
+        if int(st["fault"]) == 0 and int(st["abort"]) == 0:
+            return
+        self._poisoned = True
+        code, task, value = int(st["fault"]), int(st["fault_task"]), int(st["fault_value"])
+        if code == abi.FAULT_DEADLOCK or int(st["abort"]):
+            raise DeadlockError(self._deadlock_report())
+        name = self._task_name(task)
+        if code == abi.FAULT_KV_POS:
+            raise TraceError(f"{name}: KV_APPEND position {value} is outside the cache; use a "
+                             "larger max_seq or stop generating earlier")
+        if code == abi.FAULT_EMBED_ID:
+            raise TraceError(f"{name}: token id {value} is outside the embedding table")
+        raise BackendUnavailable(f"megakernel fault {code} in {name} (value {value})")
+
+    def _task_name(self, tid: int) -> str:
+        if 0 <= tid < len(self.program.tasks):
+            t = self.program.tasks[tid]
+            return f"task {tid} ({t.name or t.op.name})"
+        return f"task {tid}"
+
+    def _deadlock_report(self) -> str:
+        errs = self.errs.cpu().numpy().view(abi.ERR_DTYPE)
+        lines = []
+        for q, e in enumerate(errs):
+            if int(e["task"]) >= 0:
+                lines.append(f"  {self._task_name(int(e['task']))} on CTA {q}: counter "
+                             f"{int(e['counter'])} = {int(e['value'])}, waits for >= "
+                             f"{int(e['target'])}")
+        stuck = sorted({int(e["task"]) for e in errs if int(e["task"]) >= 0})
+        return (f"megakernel made no progress for {knobs.watchdog_s():g} s (AMK_WATCHDOG_S); "
+                f"stuck tasks {stuck}:\n" + "\n".join(lines)
+                + "\nThe schedule waits on counters that never reach their thresholds: check "
+                  "the program with amk.validate. The program's state was reset for the next run.")
+
+    def _outputs(self) -> list[torch.Tensor]:
+        res = []
+        for bid in self.program.outputs:
+            b = self.program.buffers[bid]
+            if b.id in self._bound:
+                res.append(self._bound[b.id])
+            elif b.kind == BufferKind.IO_INPUT:
+                res.append(self.buffers[b.id])
+            else:
+                res.append(self.buffers[b.id].clone())
+        return res

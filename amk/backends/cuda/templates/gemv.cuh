@@ -1,0 +1,147 @@
+// GEMV / GEMM tile: y[:, n_off:n_off+n_tile] = x[M, K] @ W[n_off:n_off+n_tile, :K].T (+ bias),
+// float weights or weight-only int8 / packed int4 with group scales (+ zeros), seed layout.
+// x is staged once in shared memory as fp32; each warp streams RPW weight rows with 16-byte
+// loads, U vectors per row in flight per lane (the L2 already holds them: the scheduler
+// prefetched this task's rows before its counter wait).
+
+template <int QMODE, class TW> struct GemvVec { static constexpr int N = QMODE == 0 ? VecN<TW>::N : (QMODE == 1 ? 16 : 32); };
+
+// One 16-byte weight vector -> VW raw values (before scale / zero).
+template <int QMODE, class TW>
+__device__ __forceinline__ void gemv_unpack(uint4 v, float* o) {
+  if (QMODE == 0) { unpack(v, o, (TW*)0); return; }
+  unsigned w[4] = {v.x, v.y, v.z, v.w};
+  if (QMODE == 1) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i] = (float)(signed char)((w[i >> 2] >> (8 * (i & 3))) & 0xffu);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; i++) o[i] = (float)((w[i >> 3] >> (4 * (i & 7))) & 15u) - 8.0f;
+  }
+}
+
+template <int QMODE, class TW>
+__device__ __forceinline__ float gemv_scalar(const TW* W, long long row, long long ldw, int k) {
+  if (QMODE == 0) return to_f(W[row * ldw + k]);
+  if (QMODE == 1) return (float)((const signed char*)W)[row * ldw + k];
+  unsigned byte = ((const unsigned char*)W)[row * ldw + (k >> 1)];
+  return (float)(((k & 1) ? byte >> 4 : byte) & 15u) - 8.0f;
+}
+
+template <class TX, class TW, class TY, class TS, class TZ, int QMODE, bool BIAS, bool ZEROS, bool VEC, int MB, bool WRO>
+__device__ void op_gemv(AMK_PARAMS) {
+  constexpr int RPW = 2;
+  constexpr int VW = GemvVec<QMODE, TW>::N;
+  constexpr int U = QMODE == 0 ? 4 : 2;
+  const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
+  const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
+  const long long ldw = d.ip[P_GEMV_LDW];
+  const int group = d.ip[P_GEMV_GROUP], ng = d.ip[P_GEMV_NGROUPS];
+  const TX* x = (const TX*)P[0];
+  const TW* W = (const TW*)P[1];
+  const TS* aux = (const TS*)P[d.n_in > 2 ? 2 : 1];       // bias (float) or scales (quantized)
+  const TZ* zr = (const TZ*)P[d.n_in > 3 ? 3 : 1];
+  TY* y = (TY*)P[d.n_in];
+  float* xs = (float*)smem;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long wrow_bytes = QMODE == 0 ? ldw * (long long)sizeof(TW) : ldw;
+  const bool vec_scale = QMODE != 0 && (group % VW) == 0;
+
+  for (int m0 = 0; m0 < M; m0 += MB) {
+    const int mc = M - m0 < MB ? M - m0 : MB;
+    __syncthreads();
+    for (int i = threadIdx.x; i < mc * Kd; i += NT) xs[i] = to_f(x[(long long)m0 * Kd + i]);
+    __syncthreads();
+    for (int rb = warp * RPW; rb < n_tile; rb += NWARPS * RPW) {
+      float acc[RPW][MB];
+#pragma unroll
+      for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int m = 0; m < MB; m++) acc[r][m] = 0.f;
+      if (VEC) {
+        const int nv = Kd / VW;
+        for (int v0 = lane; v0 < nv; v0 += 32 * U) {
+          uint4 wv[RPW][U];
+#pragma unroll
+          for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+              const int v = v0 + u * 32;
+              const long long row = n_off + rb + r;
+              wv[r][u] = (v < nv && rb + r < n_tile)
+                  ? (WRO ? ldg_stream((const char*)W + row * wrow_bytes + (long long)v * 16) : ld16((const char*)W + row * wrow_bytes + (long long)v * 16)) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+          for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+              const int v = v0 + u * 32;
+              if (v < nv && rb + r < n_tile) {
+                const long long row = n_off + rb + r;
+                float wf[VW];
+                gemv_unpack<QMODE, TW>(wv[r][u], wf);
+                const int k0 = v * VW;
+                if (QMODE != 0) {
+                  if (vec_scale) {
+                    int g = k0 / group; if (g > ng - 1) g = ng - 1;
+                    const float s = to_f(aux[row * ng + g]);
+                    const float z = ZEROS ? to_f(zr[row * ng + g]) : 0.f;
+#pragma unroll
+                    for (int e = 0; e < VW; e++) wf[e] = (ZEROS ? wf[e] - z : wf[e]) * s;
+                  } else {
+#pragma unroll
+                    for (int e = 0; e < VW; e++) {
+                      int g = (k0 + e) / group; if (g > ng - 1) g = ng - 1;
+                      const float z = ZEROS ? to_f(zr[row * ng + g]) : 0.f;
+                      wf[e] = (ZEROS ? wf[e] - z : wf[e]) * to_f(aux[row * ng + g]);
+                    }
+                  }
+                }
+#pragma unroll
+                for (int m = 0; m < MB; m++) {
+                  if (m < mc) {
+                    const float4* xv = (const float4*)(xs + m * Kd + k0);
+                    float a = acc[r][m];
+#pragma unroll
+                    for (int e = 0; e < VW / 4; e++) {
+                      const float4 xx = xv[e];
+                      a += wf[4 * e] * xx.x + wf[4 * e + 1] * xx.y + wf[4 * e + 2] * xx.z + wf[4 * e + 3] * xx.w;
+                    }
+                    acc[r][m] = a;
+                  }
+                }
+              }
+            }
+        }
+      } else {
+        for (int k = lane; k < Kd; k += 32) {
+#pragma unroll
+          for (int r = 0; r < RPW; r++) {
+            if (rb + r < n_tile) {
+              const long long row = n_off + rb + r;
+              float wv = gemv_scalar<QMODE, TW>(W, row, ldw, k);
+              if (QMODE != 0) {
+                int g = k / group; if (g > ng - 1) g = ng - 1;
+                if (ZEROS) wv -= to_f(zr[row * ng + g]);
+                wv *= to_f(aux[row * ng + g]);
+              }
+#pragma unroll
+              for (int m = 0; m < MB; m++) if (m < mc) acc[r][m] += wv * xs[m * Kd + k];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+          float s = warp_sum(acc[r][m]);
+          if (lane == 0 && rb + r < n_tile && m < mc) {
+            const long long col = n_off + rb + r;
+            if (BIAS) s += to_f(aux[col]);
+            y[(long long)(m0 + m) * N + col] = from_f<TY>(s);
+          }
+        }
+    }
+  }
+}

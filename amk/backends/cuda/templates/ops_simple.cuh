@@ -1,0 +1,223 @@
+// Elementwise, norms, rope, embedding, KV append, argmax, softmax, dequant, reductions.
+// Each op is one CTA's work on one task; inputs are P[0..n_in), outputs P[n_in..).
+
+template <int KIND> __device__ __forceinline__ float ew_apply(float a, float b, float scale) {
+  if (KIND == EW_ADD) return a + b;
+  if (KIND == EW_MUL) return a * b;
+  if (KIND == EW_MULS) return a * scale;
+  if (KIND == EW_SILU_MUL) return (a / (1.0f + expf(-a))) * b;
+  if (KIND == EW_GELU) return 0.5f * a * (1.0f + erff(a * 0.7071067811865476f));
+  return a;
+}
+
+template <int KIND, class TY, class TA, class TB>
+__device__ void op_ew(AMK_PARAMS) {
+  const int C = d.ip[P_EW_COLS], c0 = d.ip[P_EW_C0], w = d.ip[P_EW_C1] - c0;
+  const long long R = d.ip[P_EW_ROWS];
+  const long long ars = d.ip[P_EW_A_RS], acs = d.ip[P_EW_A_CS], brs = d.ip[P_EW_B_RS], bcs = d.ip[P_EW_B_CS];
+  const float scale = d.fp[F_EW_SCALE];
+  const TA* a = (const TA*)P[0];
+  const TB* b = (const TB*)P[d.n_in > 1 ? 1 : 0];
+  TY* y = (TY*)P[d.n_in];
+  if (w <= 0) return;
+  for (long long i = threadIdx.x; i < R * w; i += NT) {
+    long long r = i / w; int c = c0 + (int)(i - r * w);
+    const TA av = a[r * ars + c * acs];
+    if (KIND == EW_COPY) { y[r * C + c] = Cast<TY, TA>::go(av); continue; }
+    const float bv = to_f(b[r * brs + c * bcs]);
+    y[r * C + c] = from_f<TY>(ew_apply<KIND>(to_f(av), bv, scale));
+  }
+}
+
+template <class TY, class TX>
+__device__ void op_allreduce(AMK_PARAMS) {
+  const long long N = d.ip[P_RED_N];
+  TY* y = (TY*)P[d.n_in];
+  for (long long i = threadIdx.x; i < N; i += NT) {
+    float acc = to_f(((const TX*)P[0])[i]);
+    for (int s = 1; s < d.n_in; s++) acc += to_f(((const TX*)P[s])[i]);
+    y[i] = from_f<TY>(acc);
+  }
+}
+
+template <class TX, class TW, class TY>
+__device__ void op_rmsnorm(AMK_PARAMS) {
+  const int H = d.ip[P_NORM_H], R = d.ip[P_NORM_ROWS];
+  const float eps = d.fp[F_NORM_EPS];
+  const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1]; TY* y = (TY*)P[d.n_in];
+  for (int r = 0; r < R; r++) {
+    const TX* xr = x + (long long)r * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += NT) { float v = to_f(xr[i]); ss += v * v; }
+    ss = block_sum(ss);
+    const float rs = rsqrtf(ss / (float)H + eps);
+    for (int i = threadIdx.x; i < H; i += NT)
+      y[(long long)r * H + i] = from_f<TY>((to_f(xr[i]) * rs) * to_f(w[i]));
+  }
+}
+
+template <class TX, class TW, class TB, class TY, bool HAS_B>
+__device__ void op_layernorm(AMK_PARAMS) {
+  const int H = d.ip[P_NORM_H], R = d.ip[P_NORM_ROWS];
+  const float eps = d.fp[F_NORM_EPS];
+  const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1];
+  const TB* b = (const TB*)P[HAS_B ? 2 : 1]; TY* y = (TY*)P[d.n_in];
+  for (int r = 0; r < R; r++) {
+    const TX* xr = x + (long long)r * H;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < H; i += NT) s += to_f(xr[i]);
+    const float mean = block_sum(s) / (float)H;
+    float v = 0.f;
+    for (int i = threadIdx.x; i < H; i += NT) { float c = to_f(xr[i]) - mean; v += c * c; }
+    const float rs = rsqrtf(block_sum(v) / (float)H + eps);
+    for (int i = threadIdx.x; i < H; i += NT) {
+      float o = (to_f(xr[i]) - mean) * rs * to_f(w[i]);
+      if (HAS_B) o += to_f(b[i]);
+      y[(long long)r * H + i] = from_f<TY>(o);
+    }
+  }
+}
+
+// Rotate-half rope; x viewed as rows of head_dim; pos of length NPOS, one per leading index.
+template <class TX, class TY, class TF>
+__device__ void op_rope(AMK_PARAMS) {
+  const int C = d.ip[P_ROPE_COLS], c0 = d.ip[P_ROPE_C0], w = d.ip[P_ROPE_C1] - c0;
+  const int hd = d.ip[P_ROPE_HD], half = hd / 2, npos = d.ip[P_ROPE_NPOS];
+  const long long R = d.ip[P_ROPE_ROWS];
+  const long long heads_per_pos = (R * C / hd) / npos;
+  const float theta = d.fp[F_ROPE_THETA];
+  const TX* x = (const TX*)P[0];
+  const void* pos = P[1];
+  const TF* invf = (const TF*)P[d.ip[P_ROPE_HAS_INV] ? 2 : 0];
+  TY* y = (TY*)P[d.n_in];
+  if (w <= 0) return;
+  for (long long i = threadIdx.x; i < R * w; i += NT) {
+    long long r = i / w; int c = c0 + (int)(i - r * w);
+    long long flat = r * C + c;
+    long long head = flat / hd; int j = (int)(flat - head * hd);
+    int pi = npos > 1 ? (int)(head / heads_per_pos) : 0;
+    float p = (float)read_int((const char*)pos + (long long)pi * (d.ip[P_ROPE_POS64] ? 8 : 4), d.ip[P_ROPE_POS64]);
+    int fj = j < half ? j : j - half;
+    float inv = d.ip[P_ROPE_HAS_INV] ? to_f(invf[fj]) : 1.0f / powf(theta, (float)fj / (float)half);
+    float ang = p * inv;
+    float cs = cosf(ang), sn = sinf(ang);
+    float xv = to_f(x[flat]);
+    float o = j < half ? xv * cs - to_f(x[flat + half]) * sn : xv * cs + to_f(x[flat - half]) * sn;
+    y[flat] = from_f<TY>(o);
+  }
+}
+
+template <class TT, class TO>
+__device__ void op_embed(AMK_PARAMS) {
+  const int B = d.ip[P_EMBED_B], H = d.ip[P_EMBED_H], V = d.ip[P_EMBED_V], ids64 = d.ip[P_EMBED_IDS64];
+  const TT* table = (const TT*)P[1]; TO* y = (TO*)P[d.n_in];
+  for (int b = 0; b < B; b++) {
+    long long id = read_int((const char*)P[0] + (long long)b * (ids64 ? 8 : 4), ids64);
+    if (id < 0 || id >= V) { if (threadIdx.x == 0) raise_fault(st, FAULT_EMBED_ID, d.task_id, (int)id); continue; }
+    const TT* row = table + id * H;
+    for (int i = threadIdx.x; i < H; i += NT) y[(long long)b * H + i] = Cast<TO, TT>::go(row[i]);
+  }
+}
+
+template <class TN, class TC>
+__device__ void op_kv_append(AMK_PARAMS) {
+  const long long rowlen = d.ip[P_KV_ROWLEN];
+  const int n = d.ip[P_KV_NROWS], max_seq = d.ip[P_KV_MAX_SEQ], B = d.ip[P_KV_B];
+  const long long p = d.ip[P_KV_HAS_POS] ? read_int(P[1], d.ip[P_KV_POS64]) : (long long)d.ip[P_KV_POS_PARAM];
+  if (p < 0 || p > max_seq - n) { if (threadIdx.x == 0) raise_fault(st, FAULT_KV_POS, d.task_id, (int)p); return; }
+  const TN* src = (const TN*)P[0]; TC* cache = (TC*)P[d.n_in];
+  const long long per_b = (long long)n * rowlen;
+  for (long long i = threadIdx.x; i < B * per_b; i += NT) {
+    long long b = i / per_b, k = i - b * per_b;
+    cache[(b * max_seq + p) * rowlen + k] = Cast<TC, TN>::go(src[i]);
+  }
+}
+
+template <class TX>
+__device__ void op_argmax(AMK_PARAMS) {
+  const int R = d.ip[P_ARGMAX_ROWS], V = d.ip[P_ARGMAX_V];
+  const TX* x = (const TX*)P[0];
+  __shared__ float sv[NWARPS]; __shared__ int si[NWARPS];
+  for (int r = 0; r < R; r++) {
+    const TX* xr = x + (long long)r * V;
+    float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += NT) {
+      float v = to_f(xr[i]);
+      if (v > best || (v != v && best == best)) { best = v; bi = i; }   // NaN wins, like torch
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, best, o); int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      bool take = (ov > best) || (ov == best && oi < bi) || (ov != ov && (best == best || oi < bi));
+      if (take) { best = ov; bi = oi; }
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float b = sv[0]; int i0 = si[0];
+      for (int k = 1; k < NWARPS; k++) {
+        float ov = sv[k]; int oi = si[k];
+        bool take = (ov > b) || (ov == b && oi < i0) || (ov != ov && (b == b || oi < i0));
+        if (take) { b = ov; i0 = oi; }
+      }
+      if (i0 == 0x7fffffff) i0 = 0;
+      if (d.ip[P_ARGMAX_OUT64]) ((long long*)P[d.n_in])[r] = i0; else ((int*)P[d.n_in])[r] = i0;
+    }
+  }
+}
+
+template <class TX, class TY>
+__device__ void op_softmax(AMK_PARAMS) {
+  const int R = d.ip[P_SOFTMAX_ROWS], H = d.ip[P_SOFTMAX_H];
+  const TX* x = (const TX*)P[0]; TY* y = (TY*)P[d.n_in];
+  for (int r = 0; r < R; r++) {
+    const TX* xr = x + (long long)r * H;
+    float m = -__int_as_float(0x7f800000);
+    for (int i = threadIdx.x; i < H; i += NT) m = fmaxf(m, to_f(xr[i]));
+    m = block_max(m);
+    float s = 0.f;
+    for (int i = threadIdx.x; i < H; i += NT) s += expf(to_f(xr[i]) - m);
+    s = block_sum(s);
+    for (int i = threadIdx.x; i < H; i += NT) y[(long long)r * H + i] = from_f<TY>(expf(to_f(xr[i]) - m) / s);
+  }
+}
+
+template <class TQ, class TS, class TZ, class TY, bool ZEROS>
+__device__ void op_dequant(AMK_PARAMS) {
+  const long long N = d.ip[P_DEQ_N], Kd = d.ip[P_DEQ_K], ldq = d.ip[P_DEQ_LDQ];
+  const int group = d.ip[P_DEQ_GROUP], ng = d.ip[P_DEQ_NGROUPS], packed = d.ip[P_DEQ_PACKED];
+  const TQ* q = (const TQ*)P[0]; const TS* s = (const TS*)P[1]; const TZ* z = (const TZ*)P[ZEROS ? 2 : 1];
+  TY* y = (TY*)P[d.n_in];
+  for (long long i = threadIdx.x; i < N * Kd; i += NT) {
+    long long n = i / Kd; int k = (int)(i - n * Kd);
+    float qv;
+    if (packed) { unsigned byte = ((const unsigned char*)q)[n * ldq + (k >> 1)]; qv = (float)((k & 1 ? byte >> 4 : byte) & 15u) - 8.0f; }
+    else qv = to_f(q[n * ldq + k]);
+    int g = k / group; if (g > ng - 1) g = ng - 1;
+    if (ZEROS) qv = qv - to_f(z[n * ng + g]);
+    y[i] = from_f<TY>(qv * to_f(s[n * ng + g]));
+  }
+}
+
+// Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
+template <class TP, class TO>
+__device__ void op_combine(AMK_PARAMS) {
+  const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
+  const int B = d.ip[P_COMB_B], np = d.ip[P_COMB_P];
+  TO* y = (TO*)P[d.n_in];
+  for (int i = threadIdx.x; i < B * hc * hd; i += NT) {
+    int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
+    long long base = ((long long)b * nh + h) * (hd + 2);
+    float m = -__int_as_float(0x7f800000);
+    for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+    float l = 0.f, acc = 0.f;
+    for (int p = 0; p < np; p++) {
+      const TP* pp = (const TP*)P[p];
+      float lp = to_f(pp[base + hd + 1]);
+      float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
+      l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
+    }
+    y[((long long)b * nh + h) * hd + dd] = from_f<TO>(acc / fmaxf(l, 1e-20f));
+  }
+}
