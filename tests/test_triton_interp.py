@@ -387,6 +387,15 @@ def test_fused_chains_are_bit_identical_to_unfused():
     assert torch.equal(y, want)
 
 
+def test_fused_sibling_tiles_fill_one_scratch_slot():
+    x, w = torch.randn(1, 16), torch.randn(8, 16)
+    tile = lambda lo: dict(_step(K.GEMV_TILE, [{"in": 0}, {"in": 1}], 0, n_off=lo, N_tile=4,  # noqa: E731
+                                 K=16), out_shape=[1, 8], out_dtype="f32")
+    recipe = {"steps": [tile(0), tile(4), _step(K.MUL, [{"s": 0}], "final", scale=2.0)]}
+    (y,) = run(K.FUSED, [x, w], [(1, 8)], {"recipe": recipe})
+    close(y, 2 * (x.double() @ w.double().T).float(), 1e-4)
+
+
 def test_fused_malformed_recipe_is_a_clear_error():
     x = torch.randn(4)
     bad = {"steps": [_step(K.ADD, [{"in": 0}, {"s": 5}], "final")]}

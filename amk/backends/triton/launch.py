@@ -429,11 +429,13 @@ def _fused(inputs, outputs, params):
             dst = outputs[out["o"]]
         else:
             dtype = _recipe_dtype(st["out_dtype"]) if st.get("out_dtype") else args[0].dtype
-            shape = st.get("out_shape")
-            # zero-filled like the reference, so even a partial write is deterministic
-            dst = (torch.zeros(tuple(shape), dtype=dtype, device=args[0].device)
-                   if shape is not None else torch.zeros_like(args[0], dtype=dtype))
-            scratch[out] = dst
+            shape = tuple(st["out_shape"]) if st.get("out_shape") is not None else args[0].shape
+            dst = scratch.get(out)
+            if dst is None or tuple(dst.shape) != tuple(shape) or dst.dtype != dtype:
+                # zero-filled like the reference, so even a partial write is deterministic; a
+                # slot of the same shape and dtype is written into (sibling column tiles)
+                dst = torch.zeros(shape, dtype=dtype, device=args[0].device)
+                scratch[out] = dst
         launch_op(K(int(st["op"])), args, [dst], st.get("params") or {})
 
 
