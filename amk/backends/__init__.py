@@ -20,5 +20,6 @@ def make_executable(program: Program, backend: str, device: torch.device):
         return CudaProgram(program, device=device)
     if backend == "triton":
         from amk.backends.triton.backend import TritonProgram
-        return TritonProgram(program, device=device)
+        # On a GPU the step is captured once in a CUDA graph and replayed (no per-launch gaps).
+        return TritonProgram(program, device=device, capture_graph=device.type == "cuda")
     raise BackendUnavailable(f"unknown backend {backend!r}: choose reference, cuda or triton")
