@@ -12,7 +12,7 @@ __device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, l
 }
 
 template <class TQ, class TK, class TV, class TO>
-__device__ void op_attention(AMK_PARAMS) {
+__device__ __noinline__ void op_attention(AMK_PARAMS) {
   constexpr int HG = 8;                               // q heads per pass (registers per thread)
   const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
   const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT], B = d.ip[P_ATTN_B];

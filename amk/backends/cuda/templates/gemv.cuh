@@ -29,7 +29,7 @@ __device__ __forceinline__ float gemv_scalar(const TW* W, long long row, long lo
 }
 
 template <class TX, class TW, class TY, class TS, class TZ, int QMODE, bool BIAS, bool ZEROS, bool VEC, int MB, bool WRO>
-__device__ void op_gemv(AMK_PARAMS) {
+__device__ __noinline__ void op_gemv(AMK_PARAMS) {
   constexpr int RPW = 2;
   constexpr int VW = GemvVec<QMODE, TW>::N;
   constexpr int U = QMODE == 0 ? 4 : 2;

@@ -11,7 +11,7 @@ template <int KIND> __device__ __forceinline__ float ew_apply(float a, float b, 
 }
 
 template <int KIND, class TY, class TA, class TB>
-__device__ void op_ew(AMK_PARAMS) {
+__device__ __noinline__ void op_ew(AMK_PARAMS) {
   const int C = d.ip[P_EW_COLS], c0 = d.ip[P_EW_C0], w = d.ip[P_EW_C1] - c0;
   const long long R = d.ip[P_EW_ROWS];
   const long long ars = d.ip[P_EW_A_RS], acs = d.ip[P_EW_A_CS], brs = d.ip[P_EW_B_RS], bcs = d.ip[P_EW_B_CS];
@@ -30,7 +30,7 @@ __device__ void op_ew(AMK_PARAMS) {
 }
 
 template <class TY, class TX>
-__device__ void op_allreduce(AMK_PARAMS) {
+__device__ __noinline__ void op_allreduce(AMK_PARAMS) {
   const long long N = d.ip[P_RED_N];
   TY* y = (TY*)P[d.n_in];
   for (long long i = threadIdx.x; i < N; i += NT) {
@@ -41,7 +41,7 @@ __device__ void op_allreduce(AMK_PARAMS) {
 }
 
 template <class TX, class TW, class TY>
-__device__ void op_rmsnorm(AMK_PARAMS) {
+__device__ __noinline__ void op_rmsnorm(AMK_PARAMS) {
   const int H = d.ip[P_NORM_H], R = d.ip[P_NORM_ROWS];
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1]; TY* y = (TY*)P[d.n_in];
@@ -57,7 +57,7 @@ __device__ void op_rmsnorm(AMK_PARAMS) {
 }
 
 template <class TX, class TW, class TB, class TY, bool HAS_B>
-__device__ void op_layernorm(AMK_PARAMS) {
+__device__ __noinline__ void op_layernorm(AMK_PARAMS) {
   const int H = d.ip[P_NORM_H], R = d.ip[P_NORM_ROWS];
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1];
@@ -80,7 +80,7 @@ __device__ void op_layernorm(AMK_PARAMS) {
 
 // Rotate-half rope; x viewed as rows of head_dim; pos of length NPOS, one per leading index.
 template <class TX, class TY, class TF>
-__device__ void op_rope(AMK_PARAMS) {
+__device__ __noinline__ void op_rope(AMK_PARAMS) {
   const int C = d.ip[P_ROPE_COLS], c0 = d.ip[P_ROPE_C0], w = d.ip[P_ROPE_C1] - c0;
   const int hd = d.ip[P_ROPE_HD], half = hd / 2, npos = d.ip[P_ROPE_NPOS];
   const long long R = d.ip[P_ROPE_ROWS];
@@ -108,7 +108,7 @@ __device__ void op_rope(AMK_PARAMS) {
 }
 
 template <class TT, class TO>
-__device__ void op_embed(AMK_PARAMS) {
+__device__ __noinline__ void op_embed(AMK_PARAMS) {
   const int B = d.ip[P_EMBED_B], H = d.ip[P_EMBED_H], V = d.ip[P_EMBED_V], ids64 = d.ip[P_EMBED_IDS64];
   const TT* table = (const TT*)P[1]; TO* y = (TO*)P[d.n_in];
   for (int b = 0; b < B; b++) {
@@ -120,7 +120,7 @@ __device__ void op_embed(AMK_PARAMS) {
 }
 
 template <class TN, class TC>
-__device__ void op_kv_append(AMK_PARAMS) {
+__device__ __noinline__ void op_kv_append(AMK_PARAMS) {
   const long long rowlen = d.ip[P_KV_ROWLEN];
   const int n = d.ip[P_KV_NROWS], max_seq = d.ip[P_KV_MAX_SEQ], B = d.ip[P_KV_B];
   const long long p = d.ip[P_KV_HAS_POS] ? read_int(P[1], d.ip[P_KV_POS64]) : (long long)d.ip[P_KV_POS_PARAM];
@@ -134,7 +134,7 @@ __device__ void op_kv_append(AMK_PARAMS) {
 }
 
 template <class TX>
-__device__ void op_argmax(AMK_PARAMS) {
+__device__ __noinline__ void op_argmax(AMK_PARAMS) {
   const int R = d.ip[P_ARGMAX_ROWS], V = d.ip[P_ARGMAX_V];
   const TX* x = (const TX*)P[0];
   __shared__ float sv[NWARPS]; __shared__ int si[NWARPS];
@@ -168,7 +168,7 @@ __device__ void op_argmax(AMK_PARAMS) {
 }
 
 template <class TX, class TY>
-__device__ void op_softmax(AMK_PARAMS) {
+__device__ __noinline__ void op_softmax(AMK_PARAMS) {
   const int R = d.ip[P_SOFTMAX_ROWS], H = d.ip[P_SOFTMAX_H];
   const TX* x = (const TX*)P[0]; TY* y = (TY*)P[d.n_in];
   for (int r = 0; r < R; r++) {
@@ -184,7 +184,7 @@ __device__ void op_softmax(AMK_PARAMS) {
 }
 
 template <class TQ, class TS, class TZ, class TY, bool ZEROS>
-__device__ void op_dequant(AMK_PARAMS) {
+__device__ __noinline__ void op_dequant(AMK_PARAMS) {
   const long long N = d.ip[P_DEQ_N], Kd = d.ip[P_DEQ_K], ldq = d.ip[P_DEQ_LDQ];
   const int group = d.ip[P_DEQ_GROUP], ng = d.ip[P_DEQ_NGROUPS], packed = d.ip[P_DEQ_PACKED];
   const TQ* q = (const TQ*)P[0]; const TS* s = (const TS*)P[1]; const TZ* z = (const TZ*)P[ZEROS ? 2 : 1];
@@ -202,7 +202,7 @@ __device__ void op_dequant(AMK_PARAMS) {
 
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 template <class TP, class TO>
-__device__ void op_combine(AMK_PARAMS) {
+__device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
   const int B = d.ip[P_COMB_B], np = d.ip[P_COMB_P];
   TO* y = (TO*)P[d.n_in];

@@ -1,0 +1,89 @@
+"""CUDA backend on the CPU: render + NVRTC-compile to sm_90a (NVRTC needs no GPU)."""
+import re
+
+import pytest
+
+pytest.importorskip("cuda.bindings")
+
+from amk.errors import CompileError
+from amk.program.ir import DType, InstructionKind
+from amk.backends.cuda import abi, codegen, compile_source, examples, render
+from amk.backends.cuda.lower import lower_program
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_abi_header_is_generated_from_the_enums():
+    h = abi.render_header()
+    for k in InstructionKind:
+        assert f"#define OP_{k.name} {int(k)}\n" in h
+    for d in DType:
+        assert f"#define DT_{d.name} {int(d)}\n" in h
+    assert f"static_assert(sizeof(TaskDesc) == {abi.TASK_DTYPE.itemsize}" in h
+
+
+def test_examples_cover_every_opcode():
+    ops = {t.op for c in examples.cases() for t in c.program.tasks}
+    assert ops == set(InstructionKind)
+
+
+def test_waits_carry_the_per_step_stride():
+    b = examples.Builder()
+    x = b.buf("x", examples.BK.IO_INPUT, DType.F32, (4,))
+    y = b.buf("y", examples.BK.IO_OUTPUT, DType.F32, (4,))
+    c = b.counter()
+    for i in range(4):       # 4 tiles share one counter; the consumer waits for the first 2
+        b.task(InstructionKind.COPY, [x], [y], {"n_off": i, "N_tile": 1}, out_counter=c)
+    b.task(InstructionKind.NOP, [], [], waits=[(c, 2)])
+    low = lower_program(b.program(), n_ctas=2)
+    assert low.waits["threshold"].tolist() == [2] and low.waits["stride"].tolist() == [4]
+    assert low.queues == [[0, 2, 4], [1, 3]]
+
+
+def test_all_cases_compile_for_sm90a_and_hit_the_cache(cache):
+    src = render(examples.combined_program())
+    first = compile_source(src, "sm_90a")
+    assert not first.cache_hit and first.cubin[:4] == b"\x7fELF"
+    assert "amk_megakernel" in first.log
+    second = compile_source(src, "sm_90a")
+    assert second.cache_hit and second.cubin == first.cubin and second.key == first.key
+    assert len(list((cache / "cuda").glob("*.cubin"))) == 1
+    assert not list((cache / "cuda").glob(".tmp-*"))
+
+
+def test_template_syntax_error_is_a_compile_error_with_numbered_source(cache, monkeypatch):
+    broken = dict(codegen._templates())
+    broken["gemv.cuh"] = broken["gemv.cuh"].replace("const int M = d.ip[P_GEMV_M]",
+                                                    "const int M = d.ip[P_GEMV_M] oops", 1)
+    monkeypatch.setattr(codegen, "_templates", lambda: broken)
+    prog = examples.cases()[10].program        # a GEMV case
+    assert prog.tasks[0].op == InstructionKind.GEMV_TILE
+    with pytest.raises(CompileError) as ei:
+        compile_source(render(prog), "sm_90a")
+    msg = str(ei.value)
+    assert "NVRTC log" in msg and "oops" in msg
+    assert re.search(r">>\s+\d+ \| .*oops", msg)
+
+
+def test_unsupported_shapes_are_clear_errors():
+    b = examples.Builder()
+    x = b.buf("x", examples.BK.IO_INPUT, DType.BF16, (1, 20000))
+    w = b.buf("w", examples.BK.WEIGHT, DType.BF16, (4, 20000))
+    y = b.buf("y", examples.BK.IO_OUTPUT, DType.BF16, (1, 4))
+    b.task(InstructionKind.GEMV_TILE, [x, w], [y], {"K": 20000})
+    with pytest.raises(CompileError, match="K=20000"):
+        render(b.program())
+
+
+def test_malformed_recipe_is_refused():
+    b = examples.Builder()
+    x = b.buf("x", examples.BK.IO_INPUT, DType.F32, (4,))
+    y = b.buf("y", examples.BK.IO_OUTPUT, DType.F32, (4,))
+    b.task(InstructionKind.FUSED, [x], [y], {"recipe": {"steps": [
+        {"op": int(InstructionKind.COPY), "args": [{"s": 3}], "out": "final"}]}})
+    with pytest.raises(CompileError, match="scratch"):
+        render(b.program())
