@@ -55,7 +55,7 @@ def test_cli_generate_prints_only_the_text_on_stdout(smol, monkeypatch, capsys):
     from amk import cli
     monkeypatch.setattr(cli, "load_model", lambda name, max_seq: smol[0])
     rc = cli.main(["generate", "--model", "smollm2-135m", "--prompt", PROMPT,
-                   "--max-new-tokens", "4", "--backend", "reference"])
+                   "--max-new-tokens", "2", "--backend", "reference"])
     out, err = capsys.readouterr()
     assert rc == 0
     assert out.startswith(PROMPT + " Paris")   # the text only: no progress, no timings

@@ -39,8 +39,8 @@ def smollm2_gguf_path() -> Path:
 def load_hf_from_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
     """(transformers model, tokenizer) for a GGUF file, dequantized by transformers itself."""
     import transformers
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     path = Path(path)
     if not path.is_file():
@@ -50,14 +50,16 @@ def load_hf_from_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
     bar = transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()  # silence "some keys were not parsed" chatter
     transformers.utils.logging.disable_progress_bar()  # callers show their own progress
+    hf_tqdm, hf_gguf.tqdm = hf_gguf.tqdm, lambda it, **_: it  # its dequant bar ignores the above
     try:
         hf_config = AutoConfig.from_pretrained(d, gguf_file=f)
         tokenizer = AutoTokenizer.from_pretrained(d, gguf_file=f)
         with torch.device("meta"):
             hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
-        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=hf_model,
-                                       torch_dtype=dtype)["tensors"]
+        tensors = hf_gguf.load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=hf_model,
+                                                  torch_dtype=dtype)["tensors"]
     finally:
+        hf_gguf.tqdm = hf_tqdm
         transformers.logging.set_verbosity(verbosity)
         if bar:
             transformers.utils.logging.enable_progress_bar()

@@ -91,17 +91,17 @@ class Model:
                              f"max_seq {self.config.max_seq}; build the model with a larger max_seq")
         step = self.jit(backend)
         kv = self.new_kv(batch)
-        ids = ids.to(self.device)
+        ids = ids.t().contiguous().to(self.device)  # [T, B]: each position's tokens contiguous
         pos = torch.zeros(1, dtype=torch.int32, device=self.device)
         out: list[torch.Tensor] = []
         all_logits: list[torch.Tensor] = []
         done = torch.zeros(batch, dtype=torch.bool)
-        token = ids[:, 0]
+        token = ids[0]
         for p in range(t_prompt + max_new_tokens - 1):
             pos.fill_(p)
             next_ids, logits, kv = step(self.params, token, pos, kv)
             if p + 1 < t_prompt:  # still reading the prompt
-                token = ids[:, p + 1]
+                token = ids[p + 1]
                 continue
             next_ids = next_ids.to(torch.int32).reshape(batch)
             out.append(next_ids.cpu())
