@@ -1,0 +1,123 @@
+"""Whole programs on the megakernel: a multi-task, multi-CTA chain against the ReferenceVM,
+monotonic counters over 1,000 steps, and the watchdog turning a deadlock into an error."""
+import time
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("cuda.bindings")
+
+from amk.errors import DeadlockError
+from amk.program.ir import BufferKind as BK, DType as D, InstructionKind as K
+from amk.backends.cuda.examples import Builder
+from amk.backends.cuda.runtime import CudaProgram
+
+
+def chain_program(queues=True):
+    """embed -> rmsnorm -> 4 GEMV tiles (one counter) -> residual add (2 tiles) -> fused
+    norm+gemv (lm head, 3 tiles) -> argmax, on 3 queues."""
+    H, V = 128, 96
+    b = Builder("chain")
+    ids = b.buf("ids", BK.IO_INPUT, D.I32, (1,))
+    emb = b.buf("embed", BK.WEIGHT, D.BF16, (V, H))
+    nw = b.buf("norm", BK.WEIGHT, D.BF16, (H,))
+    w = b.buf("w", BK.WEIGHT, D.BF16, (H, H))
+    head = b.buf("head", BK.WEIGHT, D.BF16, (V, H))
+    x = b.buf("x", BK.ACTIVATION, D.BF16, (1, H))
+    xn = b.buf("xn", BK.ACTIVATION, D.BF16, (1, H))
+    y = b.buf("y", BK.ACTIVATION, D.BF16, (1, H))
+    r = b.buf("r", BK.ACTIVATION, D.BF16, (1, H))
+    logits = b.buf("logits", BK.IO_OUTPUT, D.F32, (1, V))
+    tok = b.buf("tok", BK.IO_OUTPUT, D.I32, (1,))
+    c0 = b.task(K.EMBED, [ids, emb], [x])
+    c1 = b.task(K.RMSNORM, [x, nw], [xn], {"eps": 1e-5}, waits=[(c0, 1)])
+    c2 = b.counter()
+    for i in range(4):
+        b.task(K.GEMV_TILE, [xn, w], [y], {"n_off": 32 * i, "N_tile": 32, "K": H},
+               waits=[(c1, 1)], out_counter=c2)
+    c3 = b.counter()
+    for i in range(2):
+        b.task(K.ADD, [x, y], [r], {"n_off": 64 * i, "N_tile": 64}, waits=[(c2, 4)], out_counter=c3)
+    c4 = b.counter()
+    for i in range(3):
+        steps = [{"op": int(K.RMSNORM), "args": [{"in": 0}, {"in": 1}], "out": 0,
+                  "params": {"eps": 1e-5}, "out_shape": [1, H], "out_dtype": "bfloat16"},
+                 {"op": int(K.GEMV_TILE), "args": [{"s": 0}, {"in": 2}], "out": "final",
+                  "params": {"n_off": 32 * i, "N_tile": 32, "K": H}}]
+        b.task(K.FUSED, [r, nw, head], [logits], {"recipe": {"steps": steps}},
+               waits=[(c3, 2)], out_counter=c4)
+    b.task(K.SAMPLE_ARGMAX, [logits], [tok], waits=[(c4, 3)])
+    b.outputs = [logits, tok]
+    n = len(b.tasks)
+    qs = [list(range(q, n, 3)) for q in range(3)] if queues else ()
+    return b.program(qs)
+
+
+def chain_bindings(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"ids": torch.randint(0, 96, (1,), generator=g, dtype=torch.int32),
+            "embed": torch.randn(96, 128, generator=g).bfloat16(),
+            "norm": torch.randn(128, generator=g).bfloat16(),
+            "w": (torch.randn(128, 128, generator=g) * 0.1).bfloat16(),
+            "head": (torch.randn(96, 128, generator=g) * 0.1).bfloat16()}
+
+
+@pytest.mark.parametrize("queues", [True, False])
+def test_chain_matches_reference_vm(queues):
+    from amk.backends.reference.vm import ReferenceVM
+    prog = chain_program(queues)
+    cp = CudaProgram(prog, "cuda")
+    for seed in (0, 1):
+        binds = chain_bindings(seed)
+        ref = ReferenceVM(prog, device="cpu").run(binds)
+        got = cp.run({k: v.cuda() for k, v in binds.items()})
+        torch.testing.assert_close(got[0].cpu(), ref[0], rtol=2e-2, atol=2e-2)
+        assert got[1].item() == ref[1].item() or abs(ref[0][0, got[1].item()] - ref[0].max()) < 2e-2
+
+
+def test_thousand_steps_are_identical():
+    prog = chain_program()
+    cp = CudaProgram(prog, "cuda")
+    binds = {k: v.cuda() for k, v in chain_bindings(3).items()}
+    first = [t.clone() for t in cp.run(binds)]
+    for _ in range(999):
+        cp.run(binds, check=False)
+    cp.check()
+    last = cp.run(binds)
+    assert all(torch.equal(a, b) for a, b in zip(first, last))
+    assert int(cp.state[0].item()) == 1001                  # the epoch the kernel advanced
+
+
+def test_cuda_graph_capture_of_one_step():
+    prog = chain_program()
+    cp = CudaProgram(prog, "cuda")
+    binds = {k: v.cuda() for k, v in chain_bindings(4).items()}
+    ref = [t.clone() for t in cp.run(binds)]
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            cp.launch()
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    cp.check()
+    assert torch.equal(cp.buffers[prog.outputs[0]], ref[0])
+
+
+def test_deadlock_raises_instead_of_hanging(monkeypatch):
+    monkeypatch.setenv("AMK_WATCHDOG_S", "0.2")
+    b = Builder("stuck")
+    x = b.buf("x", BK.IO_INPUT, D.F32, (8,))
+    y = b.buf("y", BK.IO_OUTPUT, D.F32, (8,))
+    c = b.task(K.COPY, [x], [y])
+    b.task(K.COPY, [x], [y], waits=[(c, 5)], name="waits_forever")   # only one incrementer
+    b.outputs = [y]
+    cp = CudaProgram(b.program(), "cuda", validate=False)
+    t0 = time.time()
+    with pytest.raises(DeadlockError, match="waits_forever") as ei:
+        cp.run({"x": torch.ones(8, device="cuda")})
+    assert time.time() - t0 < 30
+    assert "counter 0 = 1" in str(ei.value)
