@@ -1,5 +1,5 @@
 """task_regions per opcode, overlaps, and dependencies() on hand-built programs."""
-from amk.program.deps import RAW, WAR, WAW, dependencies, hazards
+from amk.program.deps import RAW, WAR, WAW, dependencies, scan
 from amk.program.ir import BufferKind, DType, InstructionKind as K
 from amk.program.regions import Region, overlaps, task_regions
 
@@ -97,12 +97,17 @@ def test_dependencies_raw_war_waw_on_partial_overlaps():
     q.task(K.COPY, [a], [b])                                      # t4 reads a, rewrites b
     prog = q.build()
     assert dependencies(prog) == [(), (), (0, 1), (0, 1, 2), (2, 3)]
-    kinds = {(h.earlier, h.later): (h.kind, h.buffer, h.lo, h.hi)
-             for hs in hazards(prog.buffers, prog.tasks) for h in hs}
-    assert kinds[(0, 2)] == (RAW, 1, 4, 8) and kinds[(1, 2)] == (RAW, 1, 8, 12)
-    assert kinds[(2, 3)] == (WAR, 1, 4, 12)
-    assert kinds[(0, 3)] == (WAW, 1, 0, 4) and kinds[(1, 3)] == (WAW, 1, 12, 16)
-    assert kinds[(3, 4)] == (RAW, 1, 0, 16) and kinds[(2, 4)] == (WAW, 2, 4, 12)
+    groups = [sorted((c.kind, c.buffer, c.lo, c.hi, tuple(sorted(c.earlier))) for c in found)
+              for found in scan(prog.buffers, prog.tasks)]
+    assert groups[2] == [(RAW, 1, 4, 12, (0, 1))]
+    assert groups[3] == [(WAR, 1, 0, 16, (2,)), (WAW, 1, 0, 16, (0, 1))]   # t2 read a[4:12]
+    assert groups[4] == [(RAW, 1, 0, 16, (3,)), (WAW, 2, 0, 16, (2,))]
+    unwritten = []
+    scan(prog.buffers, prog.tasks, unwritten=unwritten)
+    assert [u for u in unwritten if u[1].buffer != 0] == []          # x is an input: never written
+    unwritten = []
+    scan(prog.buffers, prog.tasks[1:], unwritten=unwritten)          # without t0's a[0:8]
+    assert [u for u in unwritten if u[1].buffer != 0] == [(2, Region(1, 4, 8))]
     # the (buffers, tasks) forms give the same answer
     assert dependencies(prog.buffers, prog.tasks) == dependencies((prog.buffers, prog.tasks))
 

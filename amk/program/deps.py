@@ -1,45 +1,60 @@
 """Which earlier tasks each task must follow, from the regions it touches (program order).
 
 For every buffer we keep an interval map of its columns: each segment remembers its last writer
-and the readers since that write. A read depends on the segment's last writer (RAW); a write
-depends on the readers since the last write (WAR) or, if there were none, on the last writer
-(WAW). The readers already follow that writer, so the edge set needs no transitive closure to be
-complete: every conflicting pair is connected by a chain of these edges. Cost is linear in the
-number of (task, segment) touches, not in the number of task pairs.
+and the readers since that write. A read depends on the last writers of its columns (RAW); a
+write depends on the readers since the last write of each column (WAR) or, where there were
+none, on the last writer (WAW). The readers already follow that writer, so every conflicting
+pair is joined by a chain of these edges: no transitive closure is needed for completeness.
+
+A decode program is full of all-to-all patterns (256 tiles each reading a vector that 64 tiles
+wrote), so the edges come in shared groups rather than one by one: the writers of a column range
+are one frozenset shared by every reader until the next write, and readers of a whole buffer are
+one list with a running bitmask. `scan` hands out those groups; `dependencies` unions them and
+`validate` checks each group with one bitset operation.
 """
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import NamedTuple, Sequence
+from typing import Collection, NamedTuple, Sequence
 
 from amk.program.ir import Buffer, Program, Task
 from amk.program.regions import Region, task_regions
 
 RAW, WAR, WAW = "RAW", "WAR", "WAW"
+_EMPTY: frozenset[int] = frozenset()
 
 
-class Hazard(NamedTuple):
-    """`later` must follow `earlier`: they touch columns [lo, hi) of `buffer` (kind RAW/WAR/WAW)."""
-    earlier: int
-    later: int
+class Conflict(NamedTuple):
+    """A task touches columns [lo, hi) of `buffer` after every task in `earlier` (kind RAW:
+    it reads what they wrote; WAR: it overwrites what they read; WAW: it overwrites what they
+    wrote). `mask` is the bitset of `earlier` when the scan already has it, else None."""
     kind: str
     buffer: int
     lo: int
     hi: int
+    earlier: Collection[int]
+    mask: int | None = None
 
 
-class _ColumnMap:
-    """Disjoint segments covering [0, width): starts[i] .. starts[i+1] with (writer, readers)."""
-    __slots__ = ("starts", "writer", "readers", "width")
+class _Columns:
+    """One buffer's columns: disjoint segments [starts[k], starts[k+1]) with their last writer
+    and the partial readers since; whole-buffer readers are kept once, in `full` (with running
+    masks), and segment k has seen full[full_from[k]:] since its last write."""
+    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "full_cum", "memo",
+                 "masks")
 
-    def __init__(self, width: int):
-        self.width = width
+    def __init__(self, width: int, masks: bool):
+        self.width = max(width, 1)
         self.starts = [0]
         self.writer = [-1]
         self.readers: list[list[int]] = [[]]
+        self.full_from = [0]
+        self.full: list[int] = []
+        self.full_cum = [0]           # full_cum[i] = bitset of full[:i] (only with masks)
+        self.memo: dict[tuple[int, int], tuple[frozenset[int], list[tuple[int, int]]]] = {}
+        self.masks = masks
 
     def _split(self, x: int) -> int:
-        """Make x a segment start (if inside the map); return the index of the segment at x."""
         if x >= self.width:
             return len(self.starts)
         i = bisect_right(self.starts, x) - 1
@@ -48,102 +63,122 @@ class _ColumnMap:
         self.starts.insert(i + 1, x)
         self.writer.insert(i + 1, self.writer[i])
         self.readers.insert(i + 1, list(self.readers[i]))
+        self.full_from.insert(i + 1, self.full_from[i])
         return i + 1
 
     def span(self, lo: int, hi: int) -> tuple[int, int]:
-        lo = max(lo, 0)
-        hi = min(hi, self.width)
+        lo, hi = max(lo, 0), min(hi, self.width)
         if lo >= hi:
             return 0, 0
         i = self._split(lo)
-        j = self._split(hi)
-        return i, j
+        return i, self._split(hi)
 
-    def seg_hi(self, k: int) -> int:
+    def _hi(self, k: int) -> int:
         return self.starts[k + 1] if k + 1 < len(self.starts) else self.width
 
-    def write(self, i: int, j: int, task: int) -> None:
-        """Segments i..j-1 become one segment last written by `task`, with no readers."""
-        self.starts[i + 1:j] = []
-        self.writer[i:j] = [task]
+    def writers(self, lo: int, hi: int) -> tuple[frozenset[int], list[tuple[int, int]]]:
+        """The last writers of [lo, hi) (one shared object until the next write), and the
+        column ranges nobody has written yet."""
+        key = (lo, hi)
+        got = self.memo.get(key)
+        if got is None:
+            i, j = self.span(lo, hi)
+            ws = self.writer[i:j]
+            holes = [(self.starts[k], self._hi(k)) for k in range(i, j) if ws[k - i] < 0]
+            got = self.memo[key] = (frozenset(w for w in ws if w >= 0), holes)
+        return got
+
+    def overwritten(self, lo: int, hi: int) -> list[Conflict]:
+        """What a write of [lo, hi) must follow: readers since the last write, else the writer."""
+        i, j = self.span(lo, hi)
+        readers: set[int] = set()
+        writers: set[int] = set()
+        nfull = len(self.full)
+        min_f = nfull
+        for k in range(i, j):
+            f = self.full_from[k]
+            r = self.readers[k]
+            if r or f < nfull:
+                readers.update(r)
+                if f < min_f:
+                    min_f = f
+            elif self.writer[k] >= 0:
+                writers.add(self.writer[k])
+        out = []
+        if readers:
+            out.append(Conflict(WAR, -1, lo, hi, readers))
+        if min_f < nfull:
+            mask = self.full_cum[nfull] ^ self.full_cum[min_f] if self.masks else None
+            out.append(Conflict(WAR, -1, lo, hi, self.full[min_f:], mask))
+        if writers:
+            out.append(Conflict(WAW, -1, lo, hi, writers))
+        return out
+
+    def read(self, lo: int, hi: int, t: int) -> None:
+        if lo <= 0 and hi >= self.width:
+            if not self.full or self.full[-1] != t:
+                self.full.append(t)
+                if self.masks:
+                    self.full_cum.append(self.full_cum[-1] | (1 << t))
+            return
+        i, j = self.span(lo, hi)
+        for k in range(i, j):
+            r = self.readers[k]
+            if not r or r[-1] != t:
+                r.append(t)
+
+    def write(self, lo: int, hi: int, t: int) -> None:
+        self.memo = {}
+        if lo <= 0 and hi >= self.width:
+            self.starts, self.writer, self.readers = [0], [t], [[]]
+            self.full, self.full_cum, self.full_from = [], [0], [0]
+            return
+        i, j = self.span(lo, hi)
+        if i >= j:
+            return
+        del self.starts[i + 1:j]
+        self.writer[i:j] = [t]
         self.readers[i:j] = [[]]
+        self.full_from[i:j] = [len(self.full)]
 
 
 def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
          regions: Sequence[tuple[list[Region], list[Region]]] | None = None,
-         unwritten: list[tuple[int, Region]] | None = None) -> list[dict[int, list]]:
-    """For each task (in the order given) {earlier task id: [kind, buffer, lo, hi]}: the first
-    conflict found with it (RAW before WAR/WAW), its columns widened over later segments of the
-    same kind and buffer. If `unwritten` is a list, (task, region) pairs it reads that no
-    earlier task wrote are appended to it. The cheap form behind `hazards`/`dependencies`."""
+         unwritten: list[tuple[int, Region]] | None = None,
+         masks: bool = False) -> list[list[Conflict]]:
+    """For each task, in the order given (an order every task's predecessors come first in),
+    the groups of earlier tasks it conflicts with. If `unwritten` is a list, (task, region)
+    pairs it reads that no earlier task wrote are appended to it. With `masks`, whole-buffer
+    reader groups carry their bitset."""
     if regions is None:
         regions = [task_regions(t, buffers) for t in tasks]
-    maps: dict[int, _ColumnMap] = {}
-    out: list[dict[int, list]] = []
+    cols: dict[int, _Columns] = {}
+
+    def of(b: int) -> _Columns:
+        c = cols.get(b)
+        if c is None:
+            c = cols[b] = _Columns(buffers[b].cols, masks)
+        return c
+
+    out: list[list[Conflict]] = []
     for task, (reads, writes) in zip(tasks, regions):
-        b = task.id
-        found: dict[int, list] = {}
-        get = found.get
+        t = task.id
+        found: list[Conflict] = []
         for buf, lo, hi in reads:
-            m = maps.get(buf) or maps.setdefault(buf, _ColumnMap(buffers[buf].cols))
-            i, j = m.span(lo, hi)
-            starts, writer = m.starts, m.writer
-            for k in range(i, j):
-                a = writer[k]
-                if a == b:
-                    continue
-                seg_hi = starts[k + 1] if k + 1 < len(starts) else m.width
-                if a < 0:
-                    if unwritten is not None:
-                        unwritten.append((b, Region(buf, starts[k], seg_hi)))
-                    continue
-                e = get(a)
-                if e is None:
-                    found[a] = [RAW, buf, starts[k], seg_hi]
-                elif e[0] is RAW and e[1] == buf and e[3] < seg_hi:
-                    e[3] = seg_hi
+            ws, holes = of(buf).writers(lo, hi)
+            if ws:
+                found.append(Conflict(RAW, buf, lo, hi, ws))
+            if holes and unwritten is not None:
+                unwritten += [(t, Region(buf, a, b)) for a, b in holes]
         for buf, lo, hi in writes:
-            m = maps.get(buf) or maps.setdefault(buf, _ColumnMap(buffers[buf].cols))
-            i, j = m.span(lo, hi)
-            starts, writer, readers = m.starts, m.writer, m.readers
-            for k in range(i, j):
-                if readers[k]:
-                    kind, earlier = WAR, readers[k]
-                elif writer[k] >= 0:
-                    kind, earlier = WAW, (writer[k],)
-                else:
-                    continue
-                seg_hi = starts[k + 1] if k + 1 < len(starts) else m.width
-                for a in earlier:
-                    e = get(a)
-                    if e is None:
-                        if a != b:
-                            found[a] = [kind, buf, starts[k], seg_hi]
-                    elif e[0] is kind and e[1] == buf and e[3] < seg_hi:
-                        e[3] = seg_hi
-        # Update the maps: reads first, then writes (a write supersedes this task's own reads).
-        for r in reads:
-            m = maps[r.buffer]
-            i, j = m.span(r.lo, r.hi)
-            for k in range(i, j):
-                rl = m.readers[k]
-                if not rl or rl[-1] != b:
-                    rl.append(b)
-        for w in writes:
-            m = maps[w.buffer]
-            i, j = m.span(w.lo, w.hi)
-            if i < j:
-                m.write(i, j, b)
+            found += [c._replace(buffer=buf) for c in of(buf).overwritten(lo, hi)]
         out.append(found)
+        # A task's own reads go in before its writes, so a write supersedes them.
+        for buf, lo, hi in reads:
+            of(buf).read(lo, hi, t)
+        for buf, lo, hi in writes:
+            of(buf).write(lo, hi, t)
     return out
-
-
-def hazards(buffers: Sequence[Buffer], tasks: Sequence[Task],
-            regions: Sequence[tuple[list[Region], list[Region]]] | None = None
-            ) -> list[list[Hazard]]:
-    """For each task (in the order given) one Hazard per earlier task it must follow."""
-    return [[Hazard(a, t.id, *e) for a, e in found.items()]
-            for t, found in zip(tasks, scan(buffers, tasks, regions))]
 
 
 def dependencies(program_or_buffers: Program | Sequence[Buffer],
@@ -158,4 +193,8 @@ def dependencies(program_or_buffers: Program | Sequence[Buffer],
         buffers, tasks = program_or_buffers  # type: ignore[misc]
     else:
         buffers = program_or_buffers
-    return [tuple(sorted(found)) for found in scan(buffers, tasks)]
+    out = []
+    for task, found in zip(tasks, scan(buffers, tasks)):
+        deps = _EMPTY.union(*(c.earlier for c in found)) if found else _EMPTY
+        out.append(tuple(sorted(deps - {task.id})))
+    return out

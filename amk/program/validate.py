@@ -15,7 +15,8 @@ kept as one ancestor bitset (a Python int) per task, built in topological order.
 
 Races are checked on the hazard edges of amk.program.deps, computed over one sequential order
 that contains happens-before: each conflicting pair is joined by a chain of those edges, so
-checking the edges checks every pair. Program order must also be a legal sequential execution
+checking the edges checks every pair. The edges come in shared groups, each checked with one
+bitset operation (group & ~ancestors), so all-to-all tile patterns cost no per-edge work. Program order must also be a legal sequential execution
 (ir.py's convention); that is checked separately.
 
 Steps are serialised (one launch or VM run per step) and counters are monotonic, so a hazard
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from amk.errors import ValidationError
-from amk.program.deps import RAW, scan
+from amk.program.deps import RAW, WAR, WAW, scan
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
 from amk.program.regions import PARTIAL_WRITE, Region, task_regions
 
@@ -588,24 +589,26 @@ def validate(program: Program) -> ValidationResult:
     scan_order = range(n) if order_is_legal else order
     unwritten: list[tuple[int, Region]] = []
     scanned = [tasks[i] for i in scan_order]
-    for b_task, found in zip(scanned, scan(bufs, scanned, [regions[i] for i in scan_order], unwritten)):
-        later, anc_later = b_task.id, anc[b_task.id]
-        for earlier, (kind, buffer, lo, hi) in found.items():
-            if (anc_later >> earlier) & 1 or (anc[earlier] >> later) & 1:
-                continue
-            a, b, buf = tasks[earlier], b_task, bufs[buffer]
-            cols = f"cols [{lo}, {hi})"
-            hint = (f"make t{b.id} wait on c{a.out_counter} with threshold "
-                    f"{counters[a.out_counter].init + len(incr[a.out_counter])} (all its "
-                    f"incrementers) or on something that does")
-            if kind == RAW and buf.kind in MUST_BE_WRITTEN:
-                err("coverage", f"{_t(b)} reads {_b(buf)} {cols} written by {_t(a)}, which it is "
-                    f"not guaranteed to follow; {hint}", task=b.id, buffer=buf.id)
-            else:
-                what = {"RAW": "reads what {a} writes", "WAR": "overwrites what {a} reads",
-                        "WAW": "writes what {a} also writes"}[kind].format(a=_t(a))
-                err("race", f"{_t(b)} {what} ({_b(buf)} {cols}) and may run at the same time "
-                    f"({kind}); {hint}", task=b.id, buffer=buf.id)
+    mask_cache: dict[int, tuple[object, int]] = {}     # id(shared group) -> (group, bitset)
+
+    def mask_of(group) -> int:
+        hit = mask_cache.get(id(group))
+        if hit is not None and hit[0] is group:
+            return hit[1]
+        m = 0
+        for i in group:
+            m |= 1 << i
+        if isinstance(group, frozenset):
+            mask_cache[id(group)] = (group, m)
+        return m
+
+    conflicts = scan(bufs, scanned, [regions[i] for i in scan_order], unwritten, masks=True)
+    for b, found in zip(scanned, conflicts):
+        not_anc = ~anc[b.id]
+        for kind, buffer, lo, hi, group, mask in found:
+            bad = (mask_of(group) if mask is None else mask) & not_anc
+            if bad:
+                _report_conflict(err, b, kind, bufs[buffer], lo, hi, bad, tasks, counters, incr)
     for t_id, r in unwritten:
         buf = bufs[r.buffer]
         if buf.kind in MUST_BE_WRITTEN:
@@ -613,6 +616,32 @@ def validate(program: Program) -> ValidationResult:
                 f"earlier task writes ({buf.kind.name} holds nothing before the step)",
                 task=t_id, buffer=buf.id)
     return res
+
+
+def _report_conflict(err, b: Task, kind: str, buf: Buffer, lo: int, hi: int, bad: int,
+                     tasks, counters, incr) -> None:
+    """One error for task b and the earlier tasks (bits of `bad`) it is not ordered after."""
+    offenders = []
+    rest = bad
+    while rest and len(offenders) < 4:
+        low = rest & -rest
+        offenders.append(low.bit_length() - 1)
+        rest ^= low
+    more = bin(rest).count("1")
+    names = ", ".join(_t(tasks[i]) for i in offenders) + (f" and {more} more" if more else "")
+    a = tasks[offenders[0]]
+    cols = f"cols [{lo}, {hi})"
+    hint = (f"make t{b.id} wait on c{a.out_counter} with threshold "
+            f"{counters[a.out_counter].init + len(incr[a.out_counter])} (all its incrementers) "
+            f"or on something that does")
+    if kind == RAW and buf.kind in MUST_BE_WRITTEN:
+        err("coverage", f"{_t(b)} reads {_b(buf)} {cols} written by {names}, which it is not "
+            f"guaranteed to follow; {hint}", task=b.id, buffer=buf.id)
+    else:
+        what = {RAW: "reads {b} {c}, written by {a}", WAR: "overwrites {b} {c}, read by {a}",
+                WAW: "overwrites {b} {c}, written by {a}"}[kind]
+        err("race", f"{_t(b)} " + what.format(b=_b(buf), c=cols, a=names)
+            + f", and they may run at the same time ({kind}); {hint}", task=b.id, buffer=buf.id)
 
 
 def _check_queues(program: Program, incr, stuck, err) -> None:
