@@ -28,6 +28,20 @@ def _status(text: str):
     err.print(f"[dim]{text.rstrip('.')}: {time.perf_counter() - t0:.1f} s[/dim]")
 
 
+def _place(model, args):
+    """Move the weights where the backend runs: a GPU for cuda/triton when there is one."""
+    import torch
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and args.backend != "reference" else "cpu"
+    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[args.dtype]
+    if device != str(model.device) or dtype is not None:
+        with _status(f"moving the weights to {device} {args.dtype}..."):
+            model.to(device, dtype)
+    return model
+
+
 def load_model(name: str, max_seq: int):
     """A known model name (amk.models.gguf.KNOWN), a .gguf file, or a local transformers directory."""
     import amk.models as models
@@ -51,6 +65,7 @@ def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
 def cmd_generate(args) -> int:
     with _status(f"loading {args.model}..."):
         model = load_model(args.model, args.max_seq)
+    _place(model, args)
     ids = _prompt_ids(model, args.prompt, args.chat)
     with _status(f"tracing and compiling the decode step ({args.backend or 'default backend'})..."):
         model.jit(args.backend).lower(*model.example_args())
@@ -78,6 +93,7 @@ def cmd_ir(args) -> int:
     from pathlib import Path
     with _status(f"loading {args.model}..."):
         model = load_model(args.model, args.max_seq)
+    _place(model, args)
     os.environ["AMK_DUMP_IR"] = str(Path(args.dump).resolve())  # dump_stages reads the knob
     with _status("tracing and running the passes..."):
         low = model.lower(args.backend)
@@ -95,6 +111,7 @@ def cmd_bench(args) -> int:
     import torch
     with _status(f"loading {args.model}..."):
         model = load_model(args.model, args.max_seq)
+    _place(model, args)
     step = model.jit(args.backend)
     params, token, pos, kv = model.example_args()
     pos.fill_(min(args.context, model.config.max_seq - 1))
@@ -122,6 +139,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--backend", choices=["reference", "cuda", "triton"], default=None,
                         help="default: cuda with a GPU, else reference (AMK_BACKEND overrides)")
         sp.add_argument("--max-seq", type=int, default=max_seq, help="KV cache length")
+        sp.add_argument("--device", default="auto", help="auto: cuda for cuda/triton with a GPU, else cpu")
+        sp.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                        help="weight and activation dtype (auto: as loaded, float32 for GGUF)")
 
     g = sub.add_parser("generate", help="greedy generation through the compiled decode step")
     model_args(g, max_seq=512)

@@ -103,3 +103,25 @@ def test_sliding_window_narrower_than_the_cache_is_refused():
     with pytest.raises(amk.TraceError, match="sliding window"):
         from_hf(hf, max_seq=32)
     assert from_hf(hf, max_seq=8).config.max_seq == 8
+
+
+def test_generate_stops_at_eos_and_reports_each_token():
+    hf = tiny_hf(transformers.LlamaConfig)
+    ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(4))
+    model = from_hf(hf, max_seq=16)
+    full = model.generate(ids[0], 6, backend="reference")
+    seen = []
+    short = model.generate(ids[0], 6, backend="reference", eos_token_id=full[2],
+                           on_token=lambda i, tok, logits: seen.append((i, int(tok[0]), tuple(logits.shape))))
+    stop = full.index(full[2]) + 1
+    assert short == full[:stop]
+    assert seen == [(i, t, (1, VOCAB)) for i, t in enumerate(full[:stop])]
+
+
+def test_to_casts_weights_keeps_ties_and_f32_rope():
+    hf = tiny_hf(transformers.LlamaConfig, tie_word_embeddings=True)
+    model = from_hf(hf, max_seq=16).to(dtype=torch.bfloat16)
+    p = model.params
+    assert p["lm_head"] is p["embed"] and p["embed"].dtype == torch.bfloat16
+    assert p["layers"][0]["wq"].dtype == torch.bfloat16 and p["inv_freq"].dtype == torch.float32
+    assert model.config.dtype == torch.bfloat16 and model.new_kv()[0]["k"].dtype == torch.bfloat16

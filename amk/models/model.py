@@ -31,6 +31,32 @@ class Model:
     def device(self) -> torch.device:
         return self.params["embed"].device
 
+    def to(self, device=None, dtype: torch.dtype | None = None) -> "Model":
+        """Move (and/or cast) the weights in place; tied tensors stay one tensor. inv_freq stays f32.
+        Compiled steps are kept: the jit cache is keyed by signature, so a new dtype retraces."""
+        import dataclasses
+        seen: dict[int, torch.Tensor] = {}
+
+        def move(t, keep_dtype=False):
+            if id(t) not in seen:
+                dt = None if keep_dtype or not t.is_floating_point() else dtype
+                seen[id(t)] = t.to(device=device, dtype=dt)
+            return seen[id(t)]
+
+        def walk(x):
+            if isinstance(x, torch.Tensor):
+                return move(x)
+            if isinstance(x, dict):
+                return {k: move(v, True) if k == "inv_freq" else walk(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(walk(v) for v in x)
+            return x   # e.g. an amk.QuantizedWeight: left to its owner
+
+        self.params = walk(self.params)
+        if dtype is not None:
+            self.config = dataclasses.replace(self.config, dtype=dtype)
+        return self
+
     def jit(self, backend: str | None = None):
         """The amk.jit'ed decode step for `backend` (None = AMK's default), built once."""
         if backend not in self._steps:
