@@ -41,4 +41,5 @@ def allocate_counters(program: Program, opts: PassOptions | None = None) -> Prog
             size.append(0)
         group[t] = g
         size[g] += 1
-    return with_waits(program, waits_from_groups(deps, group, size), group, len(size))
+    parts = [[d] if d else [] for d in deps]
+    return with_waits(program, waits_from_groups(parts, group, size), group, len(size))

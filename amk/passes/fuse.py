@@ -18,14 +18,13 @@ Buffers nobody touches any more are dropped and ids renumbered densely; then `re
 """
 from __future__ import annotations
 
-import json
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from typing import Any
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import resync
+from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
-from amk.program.regions import Region, task_regions
+from amk.program.regions import Region
 
 # Ops cheap enough to recompute in every reader (no weight matrix streamed).
 CHEAP = frozenset({K.RMSNORM, K.LAYERNORM, K.ROPE, K.ADD, K.MUL, K.SILU_MUL, K.GELU, K.COPY})
@@ -84,8 +83,8 @@ def _cse(steps: list[Step]) -> list[Step]:
     for st in steps:
         st = {**st, "args": [alias.get(a, a) for a in st["args"]]}
         if st["out"][0] == "s":
-            key = json.dumps([st["op"], st["args"], st["params"], st.get("out_shape"),
-                              st.get("out_dtype")], sort_keys=True, default=str)
+            key = repr((st["op"], st["args"], sorted(st["params"].items()),
+                        st.get("out_shape"), st.get("out_dtype")))
             if key in seen:
                 alias[st["out"]] = seen[key]
                 continue
@@ -94,7 +93,7 @@ def _cse(steps: list[Step]) -> list[Step]:
     return out
 
 
-def to_task(steps: list[Step], like: Task) -> Task:
+def to_task(steps: list[Step], like: Task, name: str) -> Task:
     """A FUSED task writing like.outputs, from global-ref steps."""
     inputs: list[int] = []
     pos: dict[int, int] = {}
@@ -122,19 +121,26 @@ def to_task(steps: list[Step], like: Task) -> Task:
             if key in st:
                 r[key] = st[key]
         rsteps.append(r)
-    return like.with_(op=K.FUSED, inputs=tuple(inputs), params={"recipe": {"steps": rsteps}})
+    return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": {"steps": rsteps}},
+                like.waits, like.out_counter, name)
 
 
-class _Readers:
-    """Which tasks read which column ranges of each buffer (kept current while fusing)."""
+class _Touches:
+    """Which tasks touch which column ranges of each buffer (kept current while fusing).
+    Whole-buffer ranges are kept apart, so a lookup scans only the narrow ranges near it."""
 
-    def __init__(self):
+    def __init__(self, bufs):
+        self.bufs = bufs
+        self.whole: dict[int, set[int]] = {}
         self.keys: dict[int, list[tuple[int, int]]] = {}
         self.sets: dict[tuple[int, int, int], set[int]] = {}
         self.maxw: dict[int, int] = {}
 
     def add(self, t: int, regions: list[Region]) -> None:
         for r in regions:
+            if r.lo <= 0 and r.hi >= self.bufs[r.buffer].cols:
+                self.whole.setdefault(r.buffer, set()).add(t)
+                continue
             k = (r.buffer, r.lo, r.hi)
             s = self.sets.get(k)
             if s is None:
@@ -145,17 +151,32 @@ class _Readers:
 
     def remove(self, t: int, regions: list[Region]) -> None:
         for r in regions:
-            self.sets[(r.buffer, r.lo, r.hi)].discard(t)
+            if r.lo <= 0 and r.hi >= self.bufs[r.buffer].cols:
+                self.whole[r.buffer].discard(t)
+            else:
+                self.sets[(r.buffer, r.lo, r.hi)].discard(t)
 
     def overlapping(self, r: Region) -> set[int]:
-        keys = self.keys.get(r.buffer, [])
-        i = bisect_left(keys, (r.lo - self.maxw.get(r.buffer, 0) + 1, -1))
-        j = bisect_left(keys, (r.hi, -1))
-        out: set[int] = set()
-        for lo, hi in keys[i:j]:
-            if hi > r.lo:
-                out |= self.sets[(r.buffer, lo, hi)]
+        out = set(self.whole.get(r.buffer, ()))
+        keys = self.keys.get(r.buffer)
+        if keys:
+            i = bisect_left(keys, (r.lo - self.maxw[r.buffer] + 1, -1))
+            j = bisect_left(keys, (r.hi, -1))
+            for lo, hi in keys[i:j]:
+                if hi > r.lo:
+                    out |= self.sets[(r.buffer, lo, hi)]
         return out
+
+
+def _merge(regions: list[Region]) -> list[Region]:
+    """Sorted, overlapping or touching ranges of one buffer merged (as task_regions returns)."""
+    out: list[Region] = []
+    for r in sorted(regions):
+        if out and out[-1].buffer == r.buffer and r.lo <= out[-1].hi:
+            out[-1] = Region(r.buffer, out[-1].lo, max(out[-1].hi, r.hi))
+        else:
+            out.append(r)
+    return out
 
 
 def drop_unused_buffers(program: Program) -> Program:
@@ -175,8 +196,13 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
     """Buffers `keep` (old objects) get ids 0..; every task/output reference goes via new_id."""
     buffers = tuple(Buffer(i, b.name, b.kind, b.dtype, b.shape, b.source)
                     for i, b in enumerate(keep))
-    tasks = tuple(t.with_(inputs=tuple(new_id[b] for b in t.inputs),
+    tasks = tuple(rebuilt(t, inputs=tuple(new_id[b] for b in t.inputs),
                           outputs=tuple(new_id[b] for b in t.outputs)) for t in program.tasks)
+    # same shapes, renamed buffers: the regions are the old ones renamed (no recomputation)
+    for old, new in zip(program.tasks, tasks):
+        reads, writes = regions_of(old, program.buffers)
+        remember_regions(new, buffers, ([r._replace(buffer=new_id[r.buffer]) for r in reads],
+                                        [w._replace(buffer=new_id[w.buffer]) for w in writes]))
     return program.with_(buffers=buffers, tasks=tasks,
                          outputs=tuple(new_id[b] for b in program.outputs))
 
@@ -190,22 +216,20 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     bufs = program.buffers
     outputs = set(program.outputs)
     tasks: list[Task | None] = list(program.tasks)
-    regions = [task_regions(t, bufs) for t in tasks]
-    readers = _Readers()
-    writers: dict[int, list[int]] = {}
+    regions = [regions_of(t, bufs) for t in tasks]
+    readers = _Touches(bufs)
+    writers = _Touches(bufs)      # the original writers: a conservative "written between"
     for i, (r, w) in enumerate(regions):
         readers.add(i, r)
-        for x in w:
-            writers.setdefault(x.buffer, []).append(i)
+        writers.add(i, w)
     counter = [0]
 
     def fresh() -> int:
         counter[0] += 1
         return counter[0]
 
-    def written_between(buf: int, a: int, b: int) -> bool:
-        ws = writers.get(buf, [])
-        return bisect_right(ws, a) < bisect_left(ws, b)
+    def written_between(r: Region, a: int, b: int) -> bool:
+        return any(a < w < b for w in writers.overlapping(r))
 
     for a in range(len(tasks)):
         A = tasks[a]
@@ -226,20 +250,14 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         if len(users) > 1 and not all(K(s["op"]) in CHEAP for s in a_steps):
             continue
         ra = root_op(A)
-        ok = True
-        for b in users:
-            B = tasks[b]
-            if (ra, root_op(B)) not in rules:
-                ok = False
-            elif any(r.buffer == y and not (wy0.lo <= r.lo and r.hi <= wy0.hi)
-                     for r in regions[b][0]):
-                ok = False
-            elif any(bufs[r.buffer].kind not in READ_ONLY and written_between(r.buffer, a, b)
-                     for r in a_reads):
-                ok = False
-            if not ok:
-                break
-        if not ok or written_between(y, a, users[-1]):
+        last = users[-1]
+        ok = all((ra, root_op(tasks[b])) in rules
+                 and all(r.buffer != y or (wy0.lo <= r.lo and r.hi <= wy0.hi)
+                         for r in regions[b][0]) for b in users)
+        # A moves to its readers: nothing it reads (or writes) may change in between
+        if not ok or written_between(wy0, a, last) or any(
+                bufs[r.buffer].kind not in READ_ONLY and written_between(r, a, last)
+                for r in a_reads):
             continue
         sid = fresh()
         yb = bufs[y]
@@ -251,9 +269,12 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
             B = tasks[b]
             tail = [{**s, "args": [("s", sid) if x == ("b", y) else x for x in s["args"]]}
                     for s in steps_of(B, fresh)]
-            nb = to_task(_cse(head + tail), B).with_(name=f"{B.name} +{tag}")
-            readers.remove(b, regions[b][0])
-            regions[b] = task_regions(nb, bufs)
+            nb = to_task(_cse(head + tail), B, f"{B.name} +{tag}")
+            b_reads, b_writes = regions[b]
+            readers.remove(b, b_reads)
+            # what FUSED touches = the union over its steps' external operands
+            regions[b] = (_merge(a_reads + [r for r in b_reads if r.buffer != y]), b_writes)
+            remember_regions(nb, bufs, regions[b])
             readers.add(b, regions[b][0])
             tasks[b] = nb
         readers.remove(a, a_reads)

@@ -14,8 +14,8 @@ The split result equals the unsplit attention up to float rounding (online-softm
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import resync
-from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
+from amk.passes.sync import rethreshold
+from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task, Wait
 
 PARTIAL_WRITE = 2
 
@@ -62,8 +62,8 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         changed = True
         heads = [{"h_off": g * rep, "h_count": rep} for g in range(groups)] if flat else [{}]
         if P == 1:
-            out += [t.with_(params={**p, **h}, name=f"{t.name}[kv {g}/{groups}]")
-                    for g, h in enumerate(heads)]
+            out += [Task(t.id, t.op, t.inputs, t.outputs, {**p, **h}, t.waits, t.out_counter,
+                         f"{t.name}[kv {g}/{groups}]") for g, h in enumerate(heads)]
             continue
         parts = []
         for s in range(P):
@@ -76,13 +76,15 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
                 lo = start + s * S
                 sp = {**p, **h, "kv_start": lo, "kv_len": min(S, start + length - lo),
                       "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
-                out.append(t.with_(outputs=(parts[s],), params=sp,
-                                   name=f"{t.name}[kv {g}/{groups} shard {s}/{P}]"))
+                out.append(Task(t.id, t.op, t.inputs, (parts[s],), sp, t.waits, next_counter,
+                                f"{t.name}[kv {g}/{groups} shard {s}/{P}]"))
+        # the combines take the attention's counter, so its consumers' waits stay right
         for g, h in enumerate(heads):
             cp = {"head_dim": hd, "n_heads": nh, **h}
-            out.append(Task(0, K.ATTENTION_COMBINE, tuple(parts), t.outputs, cp, (), next_counter,
+            out.append(Task(t.id, K.ATTENTION_COMBINE, tuple(parts), t.outputs, cp,
+                            (Wait(next_counter, 1),), t.out_counter,
                             f"{t.name}[combine {g}/{groups}]"))
         next_counter += 1
     if not changed:
         return program
-    return resync(program.with_(buffers=tuple(bufs), tasks=tuple(out), queues=()))
+    return rethreshold(program.with_(buffers=tuple(bufs), tasks=tuple(out), queues=()))

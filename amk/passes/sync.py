@@ -19,7 +19,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Sequence
 
-from amk.program.ir import Counter, Program, Task, Wait
+from amk.program.ir import Buffer, BufferKind, Counter, Program, Task, Wait
 from amk.program.regions import Region, task_regions
 
 _EMPTY: frozenset[int] = frozenset()
@@ -111,8 +111,42 @@ class _Columns:
         self.memo = {}
 
 
+# task_regions is the one table of what an op touches, but it costs tens of microseconds a call
+# and every pass needs all ~20k tasks' regions. Passes rebuild tasks with the same params object
+# (new waits, counters, ids), so regions are memoised by that object plus the operands.
+_REGIONS: dict[tuple, tuple[object, tuple[list[Region], list[Region]]]] = {}
+_REGIONS_MAX = 400_000
+
+
+def _region_key(task: Task, buffers: Sequence[Buffer]) -> tuple:
+    # One params object belongs to one task lineage (passes rebuild a task around the same
+    # object); a pass that renames buffers seeds the renamed regions (remember_regions).
+    return (id(task.params), task.op, task.inputs, task.outputs)
+
+
+def regions_of(task: Task, buffers: Sequence[Buffer]) -> tuple[list[Region], list[Region]]:
+    """task_regions(task, buffers), memoised (see above)."""
+    key = _region_key(task, buffers)
+    hit = _REGIONS.get(key)
+    if hit is not None and hit[0] is task.params:
+        return hit[1]
+    r = task_regions(task, buffers)
+    remember_regions(task, buffers, r)
+    return r
+
+
+def remember_regions(task: Task, buffers: Sequence[Buffer], regions) -> None:
+    """Seed the memo (a pass that renames buffers knows the new regions without recomputing)."""
+    if len(_REGIONS) > _REGIONS_MAX:
+        _REGIONS.clear()
+    _REGIONS[_region_key(task, buffers)] = (task.params, regions)
+
+
 def task_region_list(program: Program) -> list[tuple[list[Region], list[Region]]]:
-    return [task_regions(t, program.buffers) for t in program.tasks]
+    return [regions_of(t, program.buffers) for t in program.tasks]
+
+
+_NEVER_WRITTEN = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 
 
 def direct_dependency_parts(program: Program, regions=None) -> list[list[frozenset[int]]]:
@@ -121,6 +155,11 @@ def direct_dependency_parts(program: Program, regions=None) -> list[list[frozens
     if regions is None:
         regions = task_region_list(program)
     buffers = program.buffers
+    # weights, constants and inputs are written by no task: nothing to track (unless one is)
+    skip = {b.id for b in buffers if b.kind in _NEVER_WRITTEN}
+    for _, writes in regions:
+        for w in writes:
+            skip.discard(w.buffer)
     cols: dict[int, _Columns] = {}
 
     def of(b: int) -> _Columns:
@@ -131,17 +170,19 @@ def direct_dependency_parts(program: Program, regions=None) -> list[list[frozens
 
     out: list[list[frozenset[int]]] = []
     for t, (reads, writes) in enumerate(regions):
+        reads = [r for r in reads if r.buffer not in skip]
         parts: list[frozenset[int]] = []
         for r in reads:
             s = of(r.buffer).writers(r.lo, r.hi)
             if s:
                 parts.append(s)
-        war: set[int] = set()
-        for w in writes:
-            war |= of(w.buffer).overwritten(w.lo, w.hi)
-        war.discard(t)
-        if war:
-            parts.append(frozenset(war))
+        if writes:
+            war: set[int] = set()
+            for w in writes:
+                war |= of(w.buffer).overwritten(w.lo, w.hi)
+            war.discard(t)
+            if war:
+                parts.append(frozenset(war))
         out.append(parts)
         for r in reads:
             of(r.buffer).read(r.lo, r.hi, t)
@@ -200,23 +241,40 @@ def reduced_dependencies(program: Program, regions=None) -> list[frozenset[int]]
 
 def renumber(tasks: Sequence[Task]) -> tuple[Task, ...]:
     """Task ids = positions in program order (every pass relies on it)."""
-    return tuple(t if t.id == i else t.with_(id=i) for i, t in enumerate(tasks))
+    return tuple(t if t.id == i else rebuilt(t, id=i) for i, t in enumerate(tasks))
 
 
-def sibling_groups(program: Program, deps: Sequence[frozenset[int]]) -> list[int]:
+def rebuilt(t: Task, *, id: int | None = None, waits=None, out_counter: int | None = None,
+            inputs=None, outputs=None) -> Task:
+    """Task with some fields replaced (dataclasses.replace costs ~10x more; 20k tasks a pass)."""
+    return Task(t.id if id is None else id, t.op, t.inputs if inputs is None else inputs,
+                t.outputs if outputs is None else outputs, t.params,
+                t.waits if waits is None else waits,
+                t.out_counter if out_counter is None else out_counter, t.name)
+
+
+def _max_of(parts: Sequence[frozenset[int]], memo: dict[int, int]) -> int:
+    m = -1
+    for p in parts:
+        v = memo.get(id(p))
+        if v is None:
+            v = memo[id(p)] = max(p)
+        if v > m:
+            m = v
+    return m
+
+
+def sibling_groups(program: Program, deps: Sequence[Sequence[frozenset[int]]]) -> list[int]:
     """Group index per task: runs of adjacent tasks sharing an out_counter; a run restarts at a
-    task that depends on a member (so a group is always entirely before its consumers)."""
+    task that depends on a member (so a group is always entirely before its consumers).
+    deps[t] is a list of frozensets whose union is t's dependencies."""
     group = [0] * len(program.tasks)
     g = -1
     start = 0
     prev = None
-    latest: dict[int, int] = {}
+    memo: dict[int, int] = {}
     for t, task in enumerate(program.tasks):
-        d = deps[t]
-        m = latest.get(id(d))
-        if m is None:
-            m = latest[id(d)] = max(d) if d else -1
-        if task.out_counter != prev or m >= start:
+        if task.out_counter != prev or _max_of(deps[t], memo) >= start:
             g += 1
             start = t
             prev = task.out_counter
@@ -224,23 +282,31 @@ def sibling_groups(program: Program, deps: Sequence[frozenset[int]]) -> list[int
     return group
 
 
-def waits_from_groups(deps: Sequence[frozenset[int]], group: Sequence[int],
+def waits_from_groups(deps: Sequence[Sequence[frozenset[int]]], group: Sequence[int],
                       size: Sequence[int]) -> list[tuple[Wait, ...]]:
-    """Each task waits for every group holding one of its dependencies (threshold = size)."""
-    memo: dict[int, tuple[Wait, ...]] = {}
+    """Each task waits for every group holding one of its dependencies (threshold = size).
+    deps[t] is a list of frozensets (shared objects are looked at once)."""
+    per_part: dict[int, frozenset[int]] = {}
+    memo: dict[tuple[int, ...], tuple[Wait, ...]] = {}
     out = []
-    for d in deps:
-        w = memo.get(id(d))
+    for parts in deps:
+        gs: set[int] = set()
+        for p in parts:
+            s = per_part.get(id(p))
+            if s is None:
+                s = per_part[id(p)] = frozenset(group[q] for q in p)
+            gs |= s
+        key = tuple(sorted(gs))
+        w = memo.get(key)
         if w is None:
-            gs = sorted({group[q] for q in d})
-            w = memo[id(d)] = tuple(Wait(g, size[g]) for g in gs)
+            w = memo[key] = tuple(Wait(g, size[g]) for g in key)
         out.append(w)
     return out
 
 
 def with_waits(program: Program, waits: Sequence[tuple[Wait, ...]], out_counter: Sequence[int],
                n_counters: int) -> Program:
-    tasks = tuple(t.with_(id=i, waits=w, out_counter=c)
+    tasks = tuple(rebuilt(t, id=i, waits=w, out_counter=c)
                   for i, (t, w, c) in enumerate(zip(program.tasks, waits, out_counter)))
     return program.with_(tasks=tasks, counters=tuple(Counter(i) for i in range(n_counters)))
 
@@ -250,10 +316,30 @@ def resync(program: Program) -> Program:
     tasks = renumber(program.tasks)
     queues = program.queues if tasks == program.tasks else ()
     program = program.with_(tasks=tasks, queues=queues)
-    deps = reduced_dependencies(program)
+    deps = direct_dependency_parts(program)
     group = sibling_groups(program, deps)
     n = (group[-1] + 1) if group else 0
     size = [0] * n
     for g in group:
         size[g] += 1
     return with_waits(program, waits_from_groups(deps, group, size), group, n)
+
+
+def rethreshold(program: Program) -> Program:
+    """After a pass that only split tasks (each piece keeps the waits and out_counter of the task
+    it came from, consumers' waits name that counter): every wait's threshold becomes the
+    number of tasks that now increment its counter; counters are renumbered densely."""
+    count: dict[int, int] = {}
+    for t in program.tasks:
+        count[t.out_counter] = count.get(t.out_counter, 0) + 1
+    dense = {c: i for i, c in enumerate(sorted(count))}
+    memo: dict[tuple[Wait, ...], tuple[Wait, ...]] = {}
+    tasks = []
+    for i, t in enumerate(program.tasks):
+        w = memo.get(t.waits)
+        if w is None:
+            w = memo[t.waits] = tuple(Wait(dense[x.counter], count[x.counter])
+                                      for x in t.waits if x.counter in count)
+        tasks.append(rebuilt(t, id=i, waits=w, out_counter=dense[t.out_counter]))
+    return program.with_(tasks=tuple(tasks), counters=tuple(Counter(i) for i in range(len(dense))),
+                         queues=())

@@ -16,7 +16,7 @@ each split-KV task can recompute just its heads' rope).
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import resync
+from amk.passes.sync import rethreshold
 from amk.program.ir import InstructionKind as K, Program, Task
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)
@@ -45,8 +45,9 @@ def _untiled(task: Task, n: int) -> bool:
 
 def _split(task: Task, grid: list[tuple[int, int]]) -> list[Task]:
     n = len(grid)
-    return [task.with_(params={**task.params, "n_off": lo, "N_tile": w},
-                       name=f"{task.name}[tile {i}/{n}]")
+    return [Task(task.id, task.op, task.inputs, task.outputs,
+                 {**task.params, "n_off": lo, "N_tile": w}, task.waits, task.out_counter,
+                 f"{task.name}[tile {i}/{n}]")
             for i, (lo, w) in enumerate(grid)]
 
 
@@ -91,4 +92,5 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
         out.extend(new)
     if len(out) == len(program.tasks):
         return program
-    return resync(program.with_(tasks=tuple(out), queues=()))
+    # each tile keeps its op's waits and counter: only thresholds change (= tile counts)
+    return rethreshold(program.with_(tasks=tuple(out), queues=()))
