@@ -184,44 +184,43 @@ def fusable_chains() -> st.SearchStrategy[Case]:
 
 
 @st.composite
-def pass_options(draw, base=None):
-    """Random `amk.passes.options.PassOptions` (None until that module lands): tile sizes,
-    split counts, fusion switches and SM counts around the backend's defaults."""
+def targets(draw):
+    """A CPU- or H200-shaped target with a random SM count and small tile limits, so tiny
+    programs still get several tiles, queues and shards."""
+    from amk.passes.options import CPU, H200
+    base = draw(st.sampled_from([CPU, H200]))
+    return base.with_(num_sms=draw(st.sampled_from([base.num_sms, 1, 2, 3, 8])),
+                      min_tile_cols=draw(st.sampled_from([base.min_tile_cols, 8, 4, 1])),
+                      max_tile_bytes=draw(st.sampled_from([base.max_tile_bytes, 64, 256, 1024])))
+
+
+@st.composite
+def pass_options(draw, backend: str = "reference"):
+    """Random `amk.passes.options.PassOptions` (None until that module exists): target shape and
+    SM count, tile width, split-KV shard count, fusion on/off and which rules, memory planning
+    and placement on/off. Shrinks towards the backend's defaults."""
     try:
-        from amk.passes.options import PassOptions
+        from amk.passes.options import DEFAULT_FUSE_RULES, PassOptions
     except ImportError:
         return None
-    if base is None:
-        base = PassOptions.for_backend("reference", torch.device("cpu"))
-    changes = {}
-    for f in dataclasses.fields(base):
-        s = _option_strategy(f.name, getattr(base, f.name))
-        if s is not None:
-            changes[f.name] = draw(s)
-    return dataclasses.replace(base, **changes)
+    base = PassOptions.for_backend(backend, torch.device("cpu"))
+    fields = {f.name for f in dataclasses.fields(PassOptions)}
+    kw: dict[str, Any] = {}
 
+    def maybe(name: str, strategy: st.SearchStrategy) -> None:
+        if name in fields:                 # options grow; draw only the fields this one has
+            kw[name] = draw(strategy)
 
-def _option_strategy(name: str, default: Any) -> st.SearchStrategy | None:
-    """A strategy for one PassOptions field, keyed on its name and type; None keeps the default.
-    Every strategy starts with the default, so a failing example shrinks towards it."""
-    n = name.lower()
-    if isinstance(default, bool):
-        return st.sampled_from([default, not default])
-    if isinstance(default, int):
-        if "sm" in n or "worker" in n or "queue" in n:
-            vals = [1, 2, 3, 8]
-        elif "split" in n or "shard" in n:
-            vals = [1, 2, 3, 4]
-        elif "tile" in n or "block" in n or "cols" in n:
-            vals = [8, 4, 16, 32, 5]
-        elif "min" in n or "max" in n:
-            vals = [1, 2, 4, 8]
-        else:
-            return None
-        return st.sampled_from([default] + [v for v in vals if v != default])
-    if default is None and ("tile" in n or "split" in n):
-        return st.sampled_from([None, 8, 4, 16, 5] if "tile" in n else [None, 1, 2, 3])
-    return None
+    maybe("target", st.just(base.target) | targets())
+    maybe("tile_n", st.sampled_from([None, 8, 16, 4, 32, 1, 5, 24]))
+    maybe("attn_splits", st.sampled_from([None, 1, 2, 3, 4, 8]))
+    maybe("kv_shard_min", st.sampled_from([getattr(base, "kv_shard_min", 128), 1, 2, 3]))
+    maybe("fuse", st.sampled_from([True, False]))
+    rules = list(DEFAULT_FUSE_RULES)
+    maybe("fuse_rules", st.none() | st.lists(st.sampled_from(rules), unique=True).map(tuple))
+    maybe("plan_memory", st.sampled_from([True, False]))
+    maybe("place", st.sampled_from([True, False]))
+    return dataclasses.replace(base, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
