@@ -45,7 +45,8 @@ def runs():
             semantics_for(t.op)([ref[i] for i in t.inputs], [ref[o] for o in t.outputs],
                                 t.params, RefCtx())
         cp.run(gpu_binds)
-        got = {b.id: (cp._bound.get(b.id, cp.buffers.get(b.id))) for b in prog.buffers}
+        got = {b.id: cp._bound.get(b.id, cp.buffers.get(b.id)).clone()       # next run reuses buffers
+               for b in prog.buffers}
         results.append((prog, ref, got))
     return results
 

@@ -53,15 +53,23 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
 #pragma unroll
             for (int j = 0; j < HG; j++) s[j] = 0.f;
             if (kvec) {
-              for (int e0 = 0; e0 < hd; e0 += KV) {
-                float kf[KV];
-                unpack(ld16(krow + e0), kf, (TK*)0);
+              for (int e0 = 0; e0 < hd; e0 += 4 * KV) {      // 4 row vectors in flight
+                uint4 kr[4];
 #pragma unroll
-                for (int j = 0; j < HG; j++)
-                  if (j < nhs) {
+                for (int u = 0; u < 4; u++) kr[u] = e0 + u * KV < hd ? ld16(krow + e0 + u * KV) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-                    for (int e = 0; e < KV; e++) s[j] += qs[j * hd + e0 + e] * kf[e];
+                for (int u = 0; u < 4; u++) {
+                  if (e0 + u * KV < hd) {
+                    float kf[KV];
+                    unpack(kr[u], kf, (TK*)0);
+#pragma unroll
+                    for (int j = 0; j < HG; j++)
+                      if (j < nhs) {
+#pragma unroll
+                        for (int e = 0; e < KV; e++) s[j] += qs[j * hd + e0 + u * KV + e] * kf[e];
+                      }
                   }
+                }
               }
             } else {
               for (int e = 0; e < hd; e++) {
@@ -93,8 +101,20 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
           if (pg < PG) {
 #pragma unroll
             for (int j = 0; j < HG; j++) if (j < nhs) acc[j] *= alpha[j];
-            for (int i = pg; i < cn; i += PG) {
-              const float v = to_f(vc[((b * max_seq + t0 + i) * nkv + g) * hd + dd]);
+            const TV* vcol = vc + ((b * max_seq + t0) * nkv + g) * hd + dd;
+            const long long vstride = (long long)nkv * hd;
+            int i = pg;
+            for (; i + 7 * PG < cn; i += 8 * PG) {          // 8 independent loads in flight
+              float vv[8];
+#pragma unroll
+              for (int u = 0; u < 8; u++) vv[u] = to_f(vcol[(long long)(i + u * PG) * vstride]);
+#pragma unroll
+              for (int u = 0; u < 8; u++)
+#pragma unroll
+                for (int j = 0; j < HG; j++) if (j < nhs) acc[j] += sc[j * NT + i + u * PG] * vv[u];
+            }
+            for (; i < cn; i += PG) {
+              const float v = to_f(vcol[(long long)i * vstride]);
 #pragma unroll
               for (int j = 0; j < HG; j++) if (j < nhs) acc[j] += sc[j * NT + i] * v;
             }
