@@ -103,6 +103,15 @@ class Case(NamedTuple):
     def describe(self) -> str:
         return self.plan.describe() + f"\n  donate={self.donate}"
 
+    def to(self, device) -> "Case":
+        """The same case with fresh copies of every tensor on `device` (a donated cache is
+        written in place, so every run wants its own)."""
+        args = []
+        for name, val in zip(ARG_NAMES, self.args):
+            leaves, _, td = pytree.flatten(val, name)
+            args.append(pytree.unflatten(td, [t.detach().clone().to(device) for t in leaves]))
+        return Case(self.fn, tuple(args), self.donate)
+
     def __repr__(self) -> str:              # what Hypothesis prints for a falsifying example
         return f"Case(<{self.describe()}>)"
 
