@@ -13,14 +13,26 @@ from typing import Callable
 from amk import knobs
 from amk.errors import ValidationError
 from amk.graph import Graph
+from amk.passes.allocate_counters import allocate_counters
+from amk.passes.fuse import fuse
 from amk.passes.lower import lower
+from amk.passes.options import PassOptions
+from amk.passes.place import place
+from amk.passes.plan_memory import plan_memory
+from amk.passes.split_kv import split_kv
+from amk.passes.tile import tile
 from amk.program.ir import Program
 
-PassOptions = object  # until amk/passes/options.py lands
 
 # The whole pipeline, in order. `lower` takes the graph; every other pass takes a Program.
 PIPELINE: list[tuple[str, Callable]] = [
     ("lower", lower),
+    ("tile", tile),
+    ("split_kv", split_kv),
+    ("fuse", fuse),
+    ("plan_memory", plan_memory),
+    ("allocate_counters", allocate_counters),
+    ("place", place),
 ]
 
 
@@ -36,6 +48,7 @@ def check(program: Program, after: str) -> None:
 def run_pipeline(graph: Graph, opts: PassOptions | None = None,
                  stop_after: str | None = None) -> dict[str, Program]:
     """Run the passes; returns {pass name: program after it}, in pipeline order."""
+    opts = opts or PassOptions()
     debug = knobs.debug()
     stages: dict[str, Program] = {}
     ir = graph
