@@ -125,3 +125,26 @@ def test_to_casts_weights_keeps_ties_and_f32_rope():
     assert p["lm_head"] is p["embed"] and p["embed"].dtype == torch.bfloat16
     assert p["layers"][0]["wq"].dtype == torch.bfloat16 and p["inv_freq"].dtype == torch.float32
     assert model.config.dtype == torch.bfloat16 and model.new_kv()[0]["k"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_model_matches_transformers_on_the_dequantized_weights(bits):
+    from amk.quant import dequantize
+    hf = tiny_hf(transformers.LlamaConfig, tie_word_embeddings=True)
+    model = from_hf(hf, max_seq=16)
+    model.quantize(bits=bits, group=32)
+    hf_names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+                "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+                "w_down": "mlp.down_proj"}
+    with torch.no_grad():   # transformers on exactly the weights the quantized GEMVs multiply by
+        hf.config.tie_word_embeddings = False
+        hf.lm_head.weight = torch.nn.Parameter(dequantize(model.params["lm_head"]))
+        for layer, p in zip(hf.model.layers, model.params["layers"]):
+            for key, name in hf_names.items():
+                layer.get_submodule(name).weight.copy_(dequantize(p[key]))
+    ids = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(5))
+    ref_ids, ref_logits = hf_greedy(hf, ids, 8)
+    got_ids, got_logits = model.generate(ids[0], 8, backend="reference", return_logits=True)
+    assert got_ids == ref_ids[0]
+    for got, ref in zip(got_logits, ref_logits):
+        assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-4

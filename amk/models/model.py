@@ -71,6 +71,24 @@ class Model:
     def step(self):
         return self.jit(None)
 
+    LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+    def quantize(self, bits: int = 8, group: int = 128, lm_head: bool = True) -> "Model":
+        """Weight-only quantization of every linear layer (and the lm_head: it then gets its own
+        quantized copy, the embedding table stays float). In place; returns self."""
+        from amk.quant import QuantizedWeight, quantize
+        biased = [k for k in ("bq", "bk", "bv", "bo", "b_gate", "b_up", "b_down") if k in self.params["layers"][0]]
+        if biased:
+            raise TraceError(f"Model.quantize: this {self.config.arch} model has linear biases {biased}; "
+                             "amk.ops.linear takes no bias with a QuantizedWeight yet")
+        for layer in self.params["layers"]:
+            for k in self.LINEAR_WEIGHTS:
+                if not isinstance(layer[k], QuantizedWeight):
+                    layer[k] = quantize(layer[k], bits=bits, group=group)
+        if lm_head and not isinstance(self.params["lm_head"], QuantizedWeight):
+            self.params["lm_head"] = quantize(self.params["lm_head"], bits=bits, group=group)
+        return self
+
     def new_kv(self, batch: int = 1) -> list:
         """Zeroed caches, one {"k", "v"} per layer: [max_seq, n_kv, hd] for batch 1, else [B, ...]."""
         c = self.config
