@@ -12,10 +12,11 @@ placement that keeps program order per queue cannot deadlock. Counters are never
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import reduced_dependencies, renumber, waits_from_groups, with_waits
+from amk.passes.sync import reduced_dependencies, renumber, waits_from_groups, with_waits, without_gc
 from amk.program.ir import Program
 
 
+@without_gc
 def allocate_counters(program: Program, opts: PassOptions | None = None) -> Program:
     tasks = renumber(program.tasks)
     queues = program.queues if tasks == program.tasks else ()

@@ -11,9 +11,14 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple, Sequence
 
 from amk.passes.options import H200, Target
-from amk.program.ir import Buffer, InstructionKind as K, Task
+from amk.program.ir import Buffer, DType, InstructionKind as K, Task
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)
+_ITEMSIZE = {d: d.itemsize for d in DType if d is not DType.I4}
+
+
+def nbytes(b: Buffer) -> int:
+    return b.numel * _ITEMSIZE[b.dtype]
 
 
 class Cost(NamedTuple):
@@ -38,13 +43,13 @@ def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: M
         n = w.shape[0]
         frac = min(1.0, int(params.get("N_tile", n)) / max(n, 1))
         k = int(params.get("K", w.shape[-1]))
-        nb = sum(b.nbytes for b in ins[1:] if b is not None) * frac
+        nb = sum(nbytes(b) for b in ins[1:] if b is not None) * frac
         x = ins[0]
         m = (x.numel // max(k, 1)) if x is not None else 1
         if x is not None:
-            nb += x.nbytes
+            nb += nbytes(x)
         if out is not None:
-            nb += out.nbytes * frac
+            nb += nbytes(out) * frac
         return Cost(nb, 2.0 * m * k * n * frac)
     if op is K.ATTENTION_TILE and len(ins) >= 3 and ins[1] is not None:
         kc = ins[1]
@@ -55,11 +60,14 @@ def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: M
         kvh = max(1, hc * nkv // max(nh, 1))
         rows = int(params.get("kv_len", kc.shape[-3]))
         batch = kc.numel // (kc.shape[-3] * kc.shape[-2] * kc.shape[-1])
-        nb = 2.0 * batch * rows * kvh * hd * kc.dtype.itemsize
-        nb += sum(b.nbytes * hc / max(nh, 1) for b in (ins[0], out) if b is not None)
+        nb = 2.0 * batch * rows * kvh * hd * _ITEMSIZE[kc.dtype]
+        nb += sum(nbytes(b) * hc / max(nh, 1) for b in (ins[0], out) if b is not None)
         return Cost(nb, 4.0 * batch * hc * rows * hd)
     if op is K.KV_APPEND:
-        nb = 2.0 * ins[0].nbytes if ins and ins[0] is not None else 0.0
+        nb = 2.0 * nbytes(ins[0]) if ins and ins[0] is not None else 0.0
+        return Cost(nb, 0.0)
+    if op is K.EMBED:       # reads one table row per sequence, not the table
+        nb = 2.0 * nbytes(out) if out is not None else 0.0
         return Cost(nb, 0.0)
     cols = out_cols or 0
     frac = _tile_frac(params, cols)
@@ -70,10 +78,10 @@ def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: M
     for b in ins:
         if b is not None:
             f = frac if (b.cols == cols or op is K.ATTENTION_COMBINE) else 1.0
-            nb += b.nbytes * f
+            nb += nbytes(b) * f
             elems += b.numel * f
     if out is not None:
-        nb += out.nbytes * frac
+        nb += nbytes(out) * frac
     return Cost(nb, 4.0 * elems)
 
 

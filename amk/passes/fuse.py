@@ -18,11 +18,11 @@ Buffers nobody touches any more are dropped and ids renumbered densely; then `re
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from typing import Any
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
+from amk.passes.sync import rebuilt, regions_of, remember_regions, resync, without_gc
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
 from amk.program.regions import Region
 
@@ -207,6 +207,7 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
                          outputs=tuple(new_id[b] for b in program.outputs))
 
 
+@without_gc
 def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     opts = opts or PassOptions()
     if not opts.fuse:
@@ -228,7 +229,16 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         counter[0] += 1
         return counter[0]
 
+    writer_pos: dict[int, list[int]] = {}
+    for i, (_, w) in enumerate(regions):
+        for x in w:
+            writer_pos.setdefault(x.buffer, []).append(i)
+
     def written_between(r: Region, a: int, b: int) -> bool:
+        ws = writer_pos.get(r.buffer, ())
+        i = bisect_right(ws, a)
+        if i == len(ws) or ws[i] >= b:      # the common case: no writer of the buffer between
+            return False
         return any(a < w < b for w in writers.overlapping(r))
 
     for a in range(len(tasks)):

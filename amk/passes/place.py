@@ -11,10 +11,12 @@ from __future__ import annotations
 import heapq
 
 from amk.passes.cost import cost_ns
+from amk.passes.sync import without_gc
 from amk.passes.options import H200, PassOptions, Target
 from amk.program.ir import Program
 
 
+@without_gc
 def place(program: Program, opts: PassOptions | None = None) -> Program:
     opts = opts or PassOptions()
     if not opts.place:

@@ -13,11 +13,12 @@ from collections import deque
 
 from amk.passes.fuse import remap_buffers
 from amk.passes.options import PassOptions
-from amk.passes.sync import resync
+from amk.passes.sync import resync, without_gc
 from amk.program.ir import BufferKind, Program
 from amk.program.regions import task_regions
 
 
+@without_gc
 def plan_memory(program: Program, opts: PassOptions | None = None) -> Program:
     opts = opts or PassOptions()
     if not opts.plan_memory:

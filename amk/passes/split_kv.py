@@ -14,7 +14,7 @@ The split result equals the unsplit attention up to float rounding (online-softm
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import rethreshold
+from amk.passes.sync import rethreshold, without_gc
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task, Wait
 
 PARTIAL_WRITE = 2
@@ -34,6 +34,7 @@ def _splittable(t: Task, bufs) -> bool:
             and "h_off" not in p and len(t.inputs) >= 3 and "head_dim" in p and "n_heads" in p)
 
 
+@without_gc
 def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
     opts = opts or PassOptions()
     bufs = list(program.buffers)

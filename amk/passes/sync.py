@@ -16,13 +16,31 @@ a consumer waits for the whole group (threshold = group size). `allocate_counter
 """
 from __future__ import annotations
 
+import functools
+import gc
 from bisect import bisect_right
-from typing import Sequence
+from typing import Callable, Sequence
 
 from amk.program.ir import Buffer, BufferKind, Counter, Program, Task, Wait
 from amk.program.regions import Region, task_regions
 
 _EMPTY: frozenset[int] = frozenset()
+
+
+def without_gc(fn: Callable) -> Callable:
+    """Run a pass with the cyclic garbage collector paused. A pass allocates ~10^5 small
+    objects and creates no cycles; with a large heap alive, collections would cost more than
+    the pass itself (measured: up to half the pipeline time)."""
+    @functools.wraps(fn)
+    def run(*args, **kw):
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kw)
+        finally:
+            if was:
+                gc.enable()
+    return run
 
 
 class _Columns:
@@ -66,8 +84,9 @@ class _Columns:
             got = self.memo[key] = frozenset(w for w in self.writer[i:j] if w >= 0)
         return got
 
-    def overwritten(self, lo: int, hi: int) -> set[int]:
-        """WAR/WAW: the readers since the last write of each segment, else its last writer."""
+    def overwritten(self, lo: int, hi: int) -> list[frozenset[int]]:
+        """WAR/WAW: the readers since the last write of each segment, else its last writer.
+        Whole-buffer readers come back as one shared frozenset (many writers see the same)."""
         i, j = self.span(lo, hi)
         deps: set[int] = set()
         nfull = len(self.full)
@@ -81,9 +100,14 @@ class _Columns:
                     min_f = f
             elif self.writer[k] >= 0:
                 deps.add(self.writer[k])
+        out = [frozenset(deps)] if deps else []
         if min_f < nfull:
-            deps.update(self.full[min_f:])
-        return deps
+            key = (-1 - min_f, nfull)           # negative: cannot clash with a (lo, hi) key
+            full = self.memo.get(key)
+            if full is None:
+                full = self.memo[key] = frozenset(self.full[min_f:])
+            out.append(full)
+        return out
 
     def read(self, lo: int, hi: int, t: int) -> None:
         if lo <= 0 and hi >= self.width:
@@ -149,9 +173,27 @@ def task_region_list(program: Program) -> list[tuple[list[Region], list[Region]]
 _NEVER_WRITTEN = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 
 
+# The last program's dependencies: allocate_counters sees the program plan_memory just
+# resynced, with new waits but the same tasks, and needs the same edges again.
+_LAST: dict = {"key": None, "parts": None, "params": None}
+
+
 def direct_dependency_parts(program: Program, regions=None) -> list[list[frozenset[int]]]:
     """For each task (program order = task index), its direct dependencies as a few frozensets
     whose union is exactly `amk.program.deps.dependencies(program)[t]`."""
+    if regions is not None:
+        return _direct_parts(program, regions)
+    key = (program.buffers, tuple((id(t.params), t.op, t.inputs, t.outputs)
+                                  for t in program.tasks))
+    if _LAST["key"] == key:
+        return _LAST["parts"]
+    parts = _direct_parts(program, None)
+    # the params objects are held so that their ids in the key cannot be reused meanwhile
+    _LAST.update(key=key, parts=parts, params=[t.params for t in program.tasks])
+    return parts
+
+
+def _direct_parts(program: Program, regions=None) -> list[list[frozenset[int]]]:
     if regions is None:
         regions = task_region_list(program)
     buffers = program.buffers
@@ -176,13 +218,8 @@ def direct_dependency_parts(program: Program, regions=None) -> list[list[frozens
             s = of(r.buffer).writers(r.lo, r.hi)
             if s:
                 parts.append(s)
-        if writes:
-            war: set[int] = set()
-            for w in writes:
-                war |= of(w.buffer).overwritten(w.lo, w.hi)
-            war.discard(t)
-            if war:
-                parts.append(frozenset(war))
+        for w in writes:
+            parts += of(w.buffer).overwritten(w.lo, w.hi)
         out.append(parts)
         for r in reads:
             of(r.buffer).read(r.lo, r.hi, t)
@@ -311,6 +348,7 @@ def with_waits(program: Program, waits: Sequence[tuple[Wait, ...]], out_counter:
     return program.with_(tasks=tasks, counters=tuple(Counter(i) for i in range(n_counters)))
 
 
+@without_gc
 def resync(program: Program) -> Program:
     """Recompute waits and counters from data dependencies (sibling-group scheme, see above)."""
     tasks = renumber(program.tasks)
