@@ -159,12 +159,20 @@ class Jitted:
         return self._prepare(args, kwargs)[0]
 
     # -- running -------------------------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        low, key, leaves, paths, device, backend = self._prepare(args, kwargs)
+    def executable(self, *args, **kwargs):
+        """(backend executable, bindings) for these arguments: for benchmarks and tools that
+        drive a backend directly (e.g. replay the CUDA megakernel's launch from a graph)."""
+        return self._executable(*self._prepare(args, kwargs))[1:]
+
+    def _executable(self, low, key, leaves, paths, device, backend):
         exe = self._executables.get((key, device))
         if exe is None:
             exe = self._executables[(key, device)] = low.executable(backend, device)
-        outs = exe.run(dict(zip(paths, leaves)))
+        return low, exe, dict(zip(paths, leaves))
+
+    def __call__(self, *args, **kwargs):
+        low, exe, bindings = self._executable(*self._prepare(args, kwargs))
+        outs = exe.run(bindings)
         outs = [o if tuple(o.shape) == v.aval.shape else o.view(v.aval.shape)
                 for o, v in zip(outs, low.graph.outputs)]
         return pytree.unflatten(low.out_treedef, outs)
