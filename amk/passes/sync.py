@@ -10,9 +10,12 @@ edges), so edges are never listed one by one in Python:
   * the transitive reduction uses ancestor bitsets (Python ints) per distinct dependency set.
 Tests check the unreduced edges equal `amk.program.deps.dependencies` on small programs.
 
-`resync` is the simple scheme every restructuring pass ends with: tasks that share an out_counter
+`resync` is the simple scheme a restructuring pass ends with: tasks that share an out_counter
 and sit next to each other in program order (the tiles of one op) are one group with one counter;
 a consumer waits for the whole group (threshold = group size). `allocate_counters` refines this.
+`rethreshold` is the cheap form for passes that only split tasks (tile, split_kv): each piece
+keeps its op's waits and counter, so only thresholds change. Passes run with the cyclic GC
+paused (`without_gc`): they make no cycles, and collections over a big heap cost seconds.
 """
 from __future__ import annotations
 

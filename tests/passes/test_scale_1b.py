@@ -1,0 +1,37 @@
+"""The whole pass pipeline on a Llama-3.2-1B-shaped program (hidden 2048, 16 layers, 32/8 heads,
+FFN 8192, vocab 128256, bf16) for a 132-SM target: structure only (no data, no timing asserts)."""
+from pass_helpers import run_passes
+
+from amk.models.llama import DecoderConfig
+from amk.passes.options import H200, PassOptions
+from amk.passes.place import placement_balance
+from amk.program.ir import DType, InstructionKind as K
+from amk.program.validate import validate
+
+LLAMA_1B = DecoderConfig(vocab=128256, hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                         head_dim=64, ffn=8192, max_seq=4096)
+
+
+def test_llama_1b_pipeline_shape():
+    from pass_helpers import llama_program
+    st = run_passes(llama_program(LLAMA_1B, dtype=DType.BF16), PassOptions(target=H200))
+    p = st["place"]
+    assert len(p.counters) * 20 < len(p.tasks)
+    assert placement_balance(p) <= 1.10
+    assert len(p.queues) == 132
+    # q/o tiles of 16 columns (64 KiB of bf16 weight), 16 kv shards per kv head
+    q_tiles = [t for t in st["tile"].tasks if t.op is K.GEMV_TILE and "layers.0.wq" in t.name]
+    assert len(q_tiles) == 128 and q_tiles[0].params["N_tile"] == 16
+    att = [t for t in p.tasks if t.op is K.FUSED and
+           K(t.params["recipe"]["steps"][-1]["op"]) is K.ATTENTION_TILE]
+    assert len(att) == 16 * 8 * 16
+    # each attention shard waits on the 16 q tiles of its 4 heads and on the two cache appends
+    by_counter = {}
+    for t in p.tasks:
+        by_counter.setdefault(t.out_counter, []).append(t)
+    for a in att[:16]:
+        waited = [m for w in a.waits for m in by_counter[w.counter]]
+        assert sum(a.inputs[0] in m.outputs for m in waited) == 16
+        assert len(waited) == 18
+    res = validate(p)
+    assert res.ok, res.report()[:2000]
