@@ -94,20 +94,27 @@ def cmd_ir(args) -> int:
     with _status(f"loading {args.model}..."):
         model = load_model(args.model, args.max_seq)
     _place(model, args)
+    before = os.environ.get("AMK_DUMP_IR")
     os.environ["AMK_DUMP_IR"] = str(Path(args.dump).resolve())  # dump_stages reads the knob
-    with _status("tracing and running the passes..."):
-        low = model.lower(args.backend)
+    try:
+        with _status("tracing and running the passes..."):
+            low = model.lower(args.backend)
+    finally:
+        if before is None:
+            del os.environ["AMK_DUMP_IR"]
+        else:
+            os.environ["AMK_DUMP_IR"] = before
     if args.stats:
-        prog = low.program
-        print(f"graph: {len(low.graph.eqns)} equations")
-        print(f"program: {len(prog.buffers)} buffers, {len(prog.counters)} counters, {len(prog.tasks)} tasks")
-        for k, v in low.timings.items():
-            print(f"{k}: {v * 1e3:.1f} ms")
+        from amk.passes.stats import stats_line
+        print(f"graph: {len(low.graph.eqns)} equations; stages: {', '.join(low.stages)}")
+        print(stats_line(low.program))
+        print(" ".join(f"{k}={v * 1e3:.1f}ms" for k, v in low.timings.items()))
     return 0
 
 
 def cmd_bench(args) -> int:
-    # A placeholder until bench/ lands: times the jitted decode step at one context length.
+    # Thin: one model, one context, one backend. The full comparison (floor, eager torch,
+    # torch.compile, every backend, every context) is bench/decode.py.
     import torch
     with _status(f"loading {args.model}..."):
         model = load_model(args.model, args.max_seq)
@@ -158,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--stats", action="store_true", help="print graph/program sizes and pass timings")
     i.set_defaults(fn=cmd_ir)
 
-    b = sub.add_parser("bench", help="time one decode step (placeholder until bench/ lands)")
+    b = sub.add_parser("bench", help="time one decode step of a model (full comparison: bench/decode.py)")
     model_args(b)
     b.add_argument("--context", type=int, default=0)
     b.add_argument("--iters", type=int, default=20)

@@ -1,5 +1,7 @@
 """from_hf on tiny random transformers models: AMK's greedy tokens equal transformers' greedy
 generate, and AMK's logits match transformers' at every step (float32, reference backend)."""
+import os
+
 import pytest
 import torch
 
@@ -148,3 +150,18 @@ def test_quantized_model_matches_transformers_on_the_dequantized_weights(bits):
     assert got_ids == ref_ids[0]
     for got, ref in zip(got_logits, ref_logits):
         assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-4
+
+
+def test_cli_ir_dumps_every_stage_and_prints_stats(tmp_path, monkeypatch, capsys):
+    from amk import cli
+    from amk.models.presets import TINY_LLAMA, random_model
+    monkeypatch.setattr(cli, "load_model", lambda name, max_seq: random_model(TINY_LLAMA))
+    monkeypatch.setenv("AMK_DUMP_IR", "")      # restored after the test, whatever cli does
+    assert cli.main(["ir", "--model", "tiny", "--dump", str(tmp_path), "--stats", "--backend", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert not os.environ.get("AMK_DUMP_IR")
+    (folder,) = tmp_path.iterdir()
+    files = sorted(p.name for p in folder.iterdir())
+    assert files[0] == "00_graph.txt" and "01_lower.txt" in files
+    assert "embed" in (folder / "00_graph.txt").read_text()
+    assert "tasks=" in out and f"stages: graph, lower" in out
