@@ -47,7 +47,7 @@ def load_model(name: str, max_seq: int):
     import amk.models as models
     if name.endswith(".gguf"):
         return models.load_gguf(name, max_seq=max_seq)[0]
-    if name in models.gguf.KNOWN:
+    if name.lower() in models.gguf.KNOWN:
         return models.load(name, max_seq=max_seq)[0]
     from transformers import AutoModelForCausalLM, AutoTokenizer
     hf = AutoModelForCausalLM.from_pretrained(name)

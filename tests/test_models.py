@@ -164,4 +164,4 @@ def test_cli_ir_dumps_every_stage_and_prints_stats(tmp_path, monkeypatch, capsys
     files = sorted(p.name for p in folder.iterdir())
     assert files[0] == "00_graph.txt" and "01_lower.txt" in files
     assert "embed" in (folder / "00_graph.txt").read_text()
-    assert "tasks=" in out and f"stages: graph, lower" in out
+    assert "tasks=" in out and "stages: graph, lower" in out

@@ -97,7 +97,8 @@ def load_gguf(path: str | Path, max_seq: int = 2048, dtype: torch.dtype = torch.
 
 
 def load(name: str, max_seq: int = 2048, dtype: torch.dtype = torch.float32, keep_hf: bool = False):
-    """(Model, tokenizer) for a model AMK knows by name (see KNOWN)."""
+    """(Model, tokenizer) for a model AMK knows by name (see KNOWN); case-insensitive."""
+    name = name.lower()
     if name not in KNOWN:
         raise TraceError(f"unknown model {name!r}; known: {sorted(KNOWN)} (or load a GGUF file with "
                          "amk.models.load_gguf(path), or a transformers model with amk.models.from_hf)")
