@@ -30,7 +30,7 @@ EXACT_PASSES = {"lower", "fuse", "plan_memory", "allocate_counters", "place"}
 # ---------------------------------------------------------------------------------------------
 def repro_command() -> str:
     node = os.environ.get("PYTEST_CURRENT_TEST", "tests/property").rsplit(" (", 1)[0]
-    cmd = f"AMK_HYPOTHESIS_PROFILE={PROFILE} /work/venv/bin/python -m pytest {shlex.quote(node)}"
+    cmd = f"AMK_HYPOTHESIS_PROFILE={PROFILE} python -m pytest {shlex.quote(node)}"
     if SEED is not None:
         cmd += f" --hypothesis-seed={SEED}"
     return cmd + "   (or add the @reproduce_failure line printed below to the test)"
@@ -168,16 +168,51 @@ def add_wait_cycle(p: Program, data) -> Program | None:
     return _set_task(p, ta.with_(waits=ta.waits + (Wait(tb.out_counter, need),)))
 
 
+def tile_off_by_one(p: Program, data) -> Program | None:
+    """A column tile one too narrow, one too wide, or shifted by one: a hole, an overlap, or
+    both. Not on program outputs: validate does not prove outputs fully written (a known gap,
+    test_prop_known_bugs.py). A hole in a reused buffer leaves the previous tenant's columns,
+    which is race-free: the test counts that as a data-flow change, not a kill."""
+    outs = set(p.outputs)
+    cands = [t for t in p.tasks if "N_tile" in t.params and len(t.outputs) == 1
+             and t.outputs[0] not in outs]
+    if not cands:
+        return None
+    t = data.draw(st.sampled_from(cands), label="tile task")
+    n_off, n = int(t.params.get("n_off", 0)), int(t.params["N_tile"])
+    how = data.draw(st.sampled_from(["narrow", "widen", "shift"]), label="off by one")
+    if how == "narrow" and n < 2:
+        return None
+    new = {"narrow": (n_off, n - 1), "widen": (n_off, n + 1), "shift": (n_off + 1, n)}[how]
+    return _set_task(p, t.with_(params={**t.params, "n_off": new[0], "N_tile": new[1]}))
+
+
+def swap_in_queue(p: Program, data) -> Program | None:
+    """Two neighbours in one per-SM queue swapped: an SM runs its queue in order."""
+    cands = [(q, i) for q, queue in enumerate(p.queues) for i in range(len(queue) - 1)]
+    if not cands:
+        return None
+    q, i = data.draw(st.sampled_from(cands), label="swap (queue, position)")
+    queue = list(p.queues[q])
+    queue[i], queue[i + 1] = queue[i + 1], queue[i]
+    return p.with_(queues=p.queues[:q] + (tuple(queue),) + p.queues[q + 1:])
+
+
 MUTATIONS = {"drop_wait": drop_wait, "lower_threshold": lower_threshold,
              "duplicate_writer": duplicate_writer, "alias_buffers": alias_buffers,
-             "add_wait_cycle": add_wait_cycle}
+             "add_wait_cycle": add_wait_cycle, "tile_off_by_one": tile_off_by_one,
+             "swap_in_queue": swap_in_queue}
 
 
 # ---------------------------------------------------------------------------------------------
 # the kill-rate tally
 # ---------------------------------------------------------------------------------------------
 KILLS: collections.Counter = collections.Counter()     # (mutation, outcome) -> count
-OUTCOMES = ("killed", "equivalent", "wrong")            # rejected / accepted and same / accepted, differs
+# rejected / accepted, same bits / accepted, race-free but computes something else / a false negative
+OUTCOMES = ("killed", "equivalent", "dataflow", "wrong")
+# mutations that change only synchronisation (tasks and program order stay): if validate accepts
+# one, the result must be the original's, bit for bit
+SCHEDULE_ONLY = {"drop_wait", "lower_threshold", "add_wait_cycle", "swap_in_queue"}
 
 
 def record(mutation: str, outcome: str) -> None:
@@ -196,10 +231,10 @@ def kill_report() -> str:
         for o in OUTCOMES:
             tot[o] += c[o]
         lines.append(f"  {m:<18} {c['killed']:4d}/{n:<4d} killed ({100 * c['killed'] / n:5.1f}%)"
-                     f"  equivalent {c['equivalent']}  wrong {c['wrong']}")
+                     f"  equivalent {c['equivalent']}  dataflow {c['dataflow']}  wrong {c['wrong']}")
     n = sum(tot.values())
     lines.append(f"  {'total':<18} {tot['killed']:4d}/{n:<4d} killed ({100 * tot['killed'] / n:5.1f}%)"
-                 f"  equivalent {tot['equivalent']}  wrong {tot['wrong']}"
+                 f"  equivalent {tot['equivalent']}  dataflow {tot['dataflow']}  wrong {tot['wrong']}"
                  f"   [profile {PROFILE}]")
     return "\n".join(lines)
 

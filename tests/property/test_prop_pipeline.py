@@ -45,11 +45,16 @@ def test_fusable_chains_match_the_graph(case, opts):
                     case.plan.dims.dtype == torch.float32)
 
 
-@given(case=steps, opts=pass_options(), seeds=st.tuples(st.integers(0, 2 ** 31), st.integers(0, 2 ** 31)))
-def test_any_two_interleavings_agree_bitwise(case, opts, seeds):
+@given(case=steps, opts=pass_options(), data=st.data(),
+       seeds=st.tuples(st.integers(0, 2 ** 31), st.integers(0, 2 ** 31)))
+def test_any_two_interleavings_agree_bitwise(case, opts, data, seeds):
     ps.note_case(case, opts)
     stages, _ = ps.final_stage(case, opts)
+    final = next(reversed(stages))
+    some = data.draw(st.sampled_from(list(stages)), label="stage")   # and always the final one
     for name, prog in stages.items():
+        if name not in (some, final):
+            continue
         ps.note_program(name, prog)
         base = run_vm(prog, case, order="program")
         for s in seeds:
