@@ -19,7 +19,7 @@ import torch
 from amk import knobs, pytree
 from amk.errors import TraceError
 from amk.graph import Graph
-from amk.passes.pipeline import run_pipeline
+from amk.passes.pipeline import run_pipeline, run_pipeline_cached
 from amk.program.ir import BufferKind, Program
 from amk.trace import trace
 
@@ -29,18 +29,22 @@ BACKENDS = ("reference", "cuda", "triton")
 class Lowered:
     """The staged result of tracing and compiling one signature."""
 
-    def __init__(self, graph: Graph, programs: dict[str, Program], out_treedef, options,
-                 timings: dict[str, float]):
+    def __init__(self, graph: Graph, program: Program, programs: dict[str, Program] | None,
+                 out_treedef, options, timings: dict[str, float]):
         self.graph = graph
-        self.programs = programs
+        self.program = program          # the final program, what backends run
+        self._programs = programs       # None after a cache hit: recomputed when asked for
         self.out_treedef = out_treedef
         self.options = options
         self.timings = timings
         self._stages: dict[str, str] | None = None
 
     @property
-    def program(self) -> Program:
-        return next(reversed(self.programs.values()))
+    def programs(self) -> dict[str, Program]:
+        """{pass name: program after it}, in pipeline order."""
+        if self._programs is None:
+            self._programs = run_pipeline(self.graph, self.options)
+        return self._programs
 
     @property
     def stages(self) -> dict[str, str]:
@@ -137,9 +141,10 @@ class Jitted:
         self.trace_count += 1
         t1 = time.perf_counter()
         opts = self.options if self.options is not None else _default_options(backend, device)
-        programs = run_pipeline(graph, opts)
+        program, programs = run_pipeline_cached(graph, opts)
         t2 = time.perf_counter()
-        low = Lowered(graph, programs, out_td, opts, {"trace_s": t1 - t0, "passes_s": t2 - t1})
+        low = Lowered(graph, program, programs, out_td, opts,
+                      {"trace_s": t1 - t0, "passes_s": t2 - t1, "cache_hit": programs is None})
         from amk.passes.dump import dump_stages
         dump_stages(low)
         return low

@@ -67,3 +67,18 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
     if debug < 1:
         check(ir, name)
     return stages
+
+
+def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None
+                        ) -> tuple[Program, dict[str, Program] | None]:
+    """(final program, every stage) — or (final program, None) when the disk cache had it."""
+    from amk.passes import cache
+    opts = opts or PassOptions()
+    key = cache.cache_key(graph, opts, PIPELINE)
+    program = cache.load(key)
+    if program is not None:
+        return program, None
+    stages = run_pipeline(graph, opts)
+    program = stages[PIPELINE[-1][0]]
+    cache.store(key, program)
+    return program, stages

@@ -24,6 +24,7 @@ between two steps cannot happen: only hazards within one step are checked.
 """
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -482,8 +483,29 @@ def _cycles(stuck: set[int], tasks: Sequence[Task], incr: list[list[int]],
     return cycles
 
 
+# Proofs already done, by program object: a Program is immutable, so the pipeline's final check
+# also serves the backend that loads it (and a program read back from the disk cache, which was
+# proved before it was written, is remembered as proved).
+_PROVEN: dict[int, ValidationResult] = {}
+
+
+def remember(program: Program, result: ValidationResult) -> None:
+    key = id(program)
+    if key not in _PROVEN:
+        _PROVEN[key] = result
+        weakref.finalize(program, _PROVEN.pop, key, None)
+
+
 def validate(program: Program) -> ValidationResult:
     """Prove `program` race- and deadlock-free from its structure; every error is listed."""
+    hit = _PROVEN.get(id(program))
+    if hit is None:
+        hit = _validate(program)
+        remember(program, hit)
+    return hit
+
+
+def _validate(program: Program) -> ValidationResult:
     res = ValidationResult(program.name)
 
     def err(kind, message, task=None, buffer=None, counter=None):

@@ -1,0 +1,80 @@
+"""A disk cache of pass-pipeline results: a warm compile skips the passes and the proof.
+
+Key = AMK version + the source of every pass module and of the program IR/validator + the
+pipeline's functions + the graph text + the options. Values are pickled Programs, written
+atomically (temp file + rename), so concurrent processes never see half a file. A program is
+written only after `validate` proved it, and is remembered as proved when read back.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import pickle
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from amk import knobs
+from amk.graph import Graph
+from amk.program.ir import Program
+
+_SOURCES = ("passes", "program")
+
+
+@lru_cache(maxsize=1)
+def _source_hash() -> str:
+    import amk
+    root = Path(amk.__file__).parent
+    h = hashlib.sha256(amk.__version__.encode())
+    for d in _SOURCES:
+        for f in sorted((root / d).glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(graph: Graph, opts, pipeline) -> str:
+    h = hashlib.sha256(_source_hash().encode())
+    for name, fn in pipeline:       # a patched pipeline (tests, experiments) is another key
+        code = getattr(fn, "__code__", None)
+        h.update(f"{name}:{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)!r}".encode())
+        h.update(code.co_code if code is not None else b"")
+    h.update(str(graph).encode())
+    h.update(repr(opts).encode())
+    return h.hexdigest()[:32]
+
+
+def _path(key: str) -> Path:
+    return knobs.cache_dir() / "programs" / f"{key}.pkl"
+
+
+def load(key: str) -> Program | None:
+    path = _path(key)
+    gc_was_on = gc.isenabled()
+    gc.disable()            # unpickling ~10^5 small objects would trigger many full collections
+    try:
+        with open(path, "rb") as f:
+            prog = pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+        return None
+    finally:
+        if gc_was_on:
+            gc.enable()
+    if not isinstance(prog, Program):
+        return None
+    from amk.program.validate import ValidationResult, remember
+    remember(prog, ValidationResult(prog.name))
+    return prog
+
+
+def store(key: str, program: Program) -> None:
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(program, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except OSError:
+        pass       # a read-only or full disk only costs the next compile its cache hit

@@ -1,0 +1,52 @@
+"""The disk cache of pipeline results: a warm compile skips the passes and returns the same
+program; anything that changes the result (options, a patched pass) misses."""
+import torch
+
+import amk
+from amk.models.presets import TINY_LLAMA, random_model
+from amk.passes import pipeline
+from amk.passes.options import PassOptions
+
+
+def lower(m, opts):
+    return amk.jit(m.fn, donate=("kv",), options=opts).lower(*m.example_args())
+
+
+def test_warm_compile_hits_the_cache_and_returns_the_same_program(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    m = random_model(TINY_LLAMA)
+    cold = lower(m, PassOptions.for_backend("reference"))
+    warm = lower(m, PassOptions.for_backend("reference"))
+    assert not cold.timings["cache_hit"] and warm.timings["cache_hit"]
+    assert warm.program == cold.program
+    assert amk.validate(warm.program).ok
+    assert list(warm.programs) == [name for name, _ in pipeline.PIPELINE]   # recomputed on demand
+    assert warm.programs["place"] == cold.program
+    # other options: another program, another key
+    other = lower(m, PassOptions.for_backend("reference").with_(fuse=False))
+    assert not other.timings["cache_hit"] and other.program != cold.program
+
+
+def test_a_patched_pass_is_a_cache_miss(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    m = random_model(TINY_LLAMA)
+    lower(m, None)
+    name, place = pipeline.PIPELINE[-1]
+
+    def place_reversed(program, opts):          # a different (still valid) placement
+        p = place(program, opts)
+        return p.with_(queues=tuple(reversed(p.queues)))
+
+    monkeypatch.setattr(pipeline, "PIPELINE", [*pipeline.PIPELINE[:-1], (name, place_reversed)])
+    low = lower(m, None)
+    assert not low.timings["cache_hit"]
+
+
+def test_a_corrupt_cache_file_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    m = random_model(TINY_LLAMA)
+    lower(m, None)
+    (f,) = (tmp_path / "programs").glob("*.pkl")
+    f.write_bytes(b"not a pickle")
+    low = lower(m, None)
+    assert not low.timings["cache_hit"] and amk.validate(low.program).ok
