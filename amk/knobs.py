@@ -49,3 +49,9 @@ def watchdog_s() -> float:
 def vm_timeout_s() -> float:
     """AMK_VM_TIMEOUT_S: wall-clock limit of one reference-VM run."""
     return float(os.environ.get("AMK_VM_TIMEOUT_S", "") or 600.0)
+
+
+def profile() -> bool:
+    """AMK_PROFILE=1: the CUDA megakernel records per task %globaltimer at wait start, wait end
+    and task end (CudaProgram.profile() reads them; bench/profile_decode.py summarises)."""
+    return _int("AMK_PROFILE", 0) != 0

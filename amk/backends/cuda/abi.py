@@ -132,5 +132,6 @@ ARGS_FIELDS = (("tasks", "unsigned long long", 1), ("waits", "unsigned long long
                ("queue_tasks", "unsigned long long", 1), ("queue_off", "unsigned long long", 1),
                ("counters", "unsigned long long", 1), ("state", "unsigned long long", 1),
                ("errs", "unsigned long long", 1), ("watchdog_ns", "unsigned long long", 1),
-               ("n_queues", "unsigned long long", 1))
+               ("n_queues", "unsigned long long", 1),
+               ("prof", "unsigned long long", 1))        # AMK_PROFILE: u64 [queue entries][4]
 ARGS_DTYPE = np_dtype(ARGS_FIELDS)

@@ -46,8 +46,11 @@ def render_lowered(low: Lowered) -> str:
         raise CompileError(f"CUDA backend: tasks {too_many[:8]} have more than {MAX_PTRS} operands")
     cases = "\n".join(f"    case {i}: {call}; break;" for i, call in enumerate(low.variants))
     t = _templates()
+    from amk import knobs
     parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {NTHREADS}\n", abi.render_header()]
+    if knobs.profile():
+        parts.insert(2, "#define AMK_PROFILE 1\n")
     for name in TEMPLATE_FILES[:-1]:
         parts.append(f"// ---- {name} ----\n" + t[name])
     parts.append("// ---- scheduler.cu ----\n"

@@ -101,6 +101,9 @@ class CudaProgram:
         self.queue_off = _dev_tensor(qo, dev)
         self.ptrs_dev = torch.zeros(max(len(low.ptr_refs), 1), dtype=torch.int64, device=dev)
         self.ranges_dev = torch.zeros(max(len(low.ranges), 1) * 2, dtype=torch.int64, device=dev)
+        n_entries = max(len(qt), 1)
+        self.prof = (torch.zeros(n_entries * 4, dtype=torch.int64, device=dev)
+                     if "#define AMK_PROFILE" in self.source else None)
         self._bound: dict[int, torch.Tensor] = {}
         self._bound_key: tuple | None = None
         self._poisoned = False
@@ -135,6 +138,7 @@ class CudaProgram:
             args[0][name] = t.data_ptr()
         args[0]["watchdog_ns"] = int(knobs.watchdog_s() * 1e9)
         args[0]["n_queues"] = self.grid
+        args[0]["prof"] = self.prof.data_ptr() if self.prof is not None else 0
         self._args = args.tobytes()
 
     # ------------------------------------------------------------------ binding
@@ -206,6 +210,20 @@ class CudaProgram:
         if code == abi.FAULT_EMBED_ID:
             raise TraceError(f"{name}: token id {value} is outside the embedding table")
         raise BackendUnavailable(f"megakernel fault {code} in {name} (value {value})")
+
+    def profile(self) -> list[tuple[int, int, int, int, int, int]]:
+        """AMK_PROFILE=1 builds: the last step's (task id, CTA, wait start, wait end, task end,
+        SM id) per queue entry, %globaltimer ns. Synchronises."""
+        if self.prof is None:
+            raise BackendUnavailable("this megakernel was built without AMK_PROFILE=1")
+        torch.cuda.current_stream(self.device).synchronize()
+        p = self.prof.cpu().numpy().reshape(-1, 4)
+        out, i = [], 0
+        for q, tasks in enumerate(self.lowered.queues):
+            for tid in tasks:
+                out.append((tid, q, int(p[i, 0]), int(p[i, 1]), int(p[i, 2]), int(p[i, 3])))
+                i += 1
+        return out
 
     def _task_name(self, tid: int) -> str:
         if 0 <= tid < len(self.program.tasks):

@@ -77,10 +77,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == 0 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
   bool aborted = false;
+#ifdef AMK_PROFILE
+  unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm
+#endif
   for (int i = qb; i < qe; i++) {
     const TaskDesc* t = tasks + qt[i];
+#ifdef AMK_PROFILE
+    if (threadIdx.x == 0) prof[4 * i] = global_timer();
+#endif
     if (warp == 0 && i + 1 < qe) prefetch_task(tasks + qt[i + 1], A, lane);
-    if (threadIdx.x == 0) s_ok = wait_task(t, A, epoch) ? 1 : 0;
+    if (threadIdx.x == 0) {
+      s_ok = wait_task(t, A, epoch) ? 1 : 0;
+#ifdef AMK_PROFILE
+      prof[4 * i + 1] = global_timer();
+#endif
+    }
     load_desc(t, ptrs, &s_task, s_ptrs);
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
@@ -102,6 +113,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
       __threadfence();             // release: this task's writes before the count
       atomicAdd((unsigned*)A.counters + s_task.out_counter, 1u);
     }
+#ifdef AMK_PROFILE
+    if (threadIdx.x == 0) {
+      unsigned smid; asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      prof[4 * i + 2] = global_timer(); prof[4 * i + 3] = smid;
+    }
+#endif
   }
   if (threadIdx.x == 0 && !aborted) {
     __threadfence();

@@ -1,0 +1,155 @@
+"""Where the megakernel's time goes: one profiled decode step of the Llama-3.2-1B shape.
+
+Builds the cuda step with AMK_PROFILE=1 (each CTA records %globaltimer at every task's wait
+start, wait end and end), runs a few warm steps, and prints from the last one:
+  * per task kind: count, wait and run time (sum over CTAs, mean per task), bytes per run us;
+  * per SM: busy (run) time, waiting time, idle tail;
+  * the stage timeline of one middle layer (first run start .. last end of each stage);
+  * the span of the whole step.
+
+    python bench/profile_decode.py --context 1024 [--layers 16] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+os.environ["AMK_PROFILE"] = "1"
+
+import torch  # noqa: E402
+
+import amk  # noqa: E402
+from amk.models.model import Model  # noqa: E402
+from amk.models.presets import LLAMA_3_2_1B, random_params  # noqa: E402
+from amk.passes.cost import task_cost  # noqa: E402
+from amk.program.ir import BufferKind, InstructionKind as K  # noqa: E402
+
+_LAYER = re.compile(r"(?:layers|kv)\.(\d+)\.")
+
+
+def task_kind(task, bufs) -> str:
+    """A short name: the 2-D weight it streams (wq, w_gate, lm_head...) or its op(s)."""
+    ops = ([K(int(s["op"])).name for s in task.params["recipe"]["steps"]]
+           if task.op is K.FUSED else [task.op.name])
+    for b in task.inputs:
+        buf = bufs[b]
+        if buf.kind is BufferKind.WEIGHT and len(buf.shape) == 2:
+            return buf.name.split(".")[-1] + ("+" + "+".join(o for o in ops if o != "GEMV_TILE")
+                                              if len(ops) > 1 else "")
+    if "ATTENTION_TILE" in ops:
+        return "attention"
+    return "+".join(ops).lower()
+
+
+def task_layer(task, bufs) -> int:
+    for b in task.inputs + task.outputs:
+        m = _LAYER.search(bufs[b].name + ".")
+        if m:
+            return int(m.group(1))
+    return -1
+
+
+def summarise(prog, rows) -> dict:
+    bufs, tasks = prog.buffers, prog.tasks
+    t0 = min(r[2] for r in rows)
+    t_end = max(r[4] for r in rows)
+    kinds = collections.defaultdict(lambda: {"n": 0, "wait_us": 0.0, "run_us": 0.0, "bytes": 0.0})
+    per_cta = collections.defaultdict(lambda: {"run": 0.0, "wait": 0.0, "end": 0.0})
+    stages = collections.defaultdict(lambda: [float("inf"), 0.0, 0])
+    for tid, q, w0, w1, e, sm in rows:
+        t = tasks[tid]
+        k = task_kind(t, bufs)
+        d = kinds[k]
+        d["n"] += 1
+        d["wait_us"] += (w1 - w0) / 1e3
+        d["run_us"] += (e - w1) / 1e3
+        d["bytes"] += task_cost(t, bufs).bytes
+        c = per_cta[q]
+        c["run"] += (e - w1) / 1e3
+        c["wait"] += (w1 - w0) / 1e3
+        c["end"] = max(c["end"], (e - t0) / 1e3)
+        s = stages[(task_layer(t, bufs), k)]
+        s[0] = min(s[0], (w1 - t0) / 1e3)
+        s[1] = max(s[1], (e - t0) / 1e3)
+        s[2] += 1
+    return {"span_us": (t_end - t0) / 1e3, "kinds": dict(kinds), "per_cta": dict(per_cta),
+            "stages": {f"{l}:{k}": v for (l, k), v in stages.items()}}
+
+
+def print_summary(s: dict, mid_layer: int) -> None:
+    print(f"\nstep span {s['span_us']:.1f} us")
+    print(f"{'kind':>28} {'n':>6} {'wait us':>10} {'run us':>10} {'run/task':>9} "
+          f"{'wait/task':>9} {'GB/s/SM':>8}")
+    for k, d in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["run_us"]):
+        n = d["n"]
+        gbs = d["bytes"] / (d["run_us"] * 1e3) if d["run_us"] else 0.0
+        print(f"{k:>28} {n:>6} {d['wait_us']:>10.0f} {d['run_us']:>10.0f} "
+              f"{d['run_us'] / n:>9.2f} {d['wait_us'] / n:>9.2f} {gbs:>8.1f}")
+    runs = sorted(c["run"] for c in s["per_cta"].values())
+    waits = sorted(c["wait"] for c in s["per_cta"].values())
+    ends = sorted(c["end"] for c in s["per_cta"].values())
+    pct = lambda v, f: v[min(len(v) - 1, int(f * len(v)))]  # noqa: E731
+    print(f"per CTA run us: min {runs[0]:.0f} p50 {pct(runs, .5):.0f} max {runs[-1]:.0f}; "
+          f"wait us: min {waits[0]:.0f} p50 {pct(waits, .5):.0f} max {waits[-1]:.0f}; "
+          f"end us: min {ends[0]:.0f} max {ends[-1]:.0f}")
+    print(f"stages of layer {mid_layer} (us from step start: first run start, last end, tasks):")
+    mine = [(v, k) for k, v in s["stages"].items() if k.split(":")[0] == str(mid_layer)]
+    prev_end = None
+    for v, k in sorted(mine):
+        gap = "" if prev_end is None else f" (starts {v[0] - prev_end:+.1f} after previous end)"
+        print(f"  {k:>30}: {v[0]:8.1f} .. {v[1]:8.1f}  = {v[1] - v[0]:6.1f} us, {v[2]} tasks{gap}")
+        prev_end = v[1]
+    per_layer = []
+    for l in range(0, 64):
+        st = [v for k, v in s["stages"].items() if k.split(":")[0] == str(l)]
+        if not st:
+            break
+        per_layer.append(max(v[1] for v in st) - min(v[0] for v in st))
+    if per_layer:
+        print("layer spans us: " + " ".join(f"{x:.0f}" for x in per_layer))
+    rest = [(k, v) for k, v in s["stages"].items() if k.split(":")[0] == "-1"]
+    for k, v in sorted(rest, key=lambda kv: kv[1][0]):
+        print(f"  {k:>30}: {v[0]:8.1f} .. {v[1]:8.1f}  = {v[1] - v[0]:6.1f} us, {v[2]} tasks")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/profile_decode.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cfg = LLAMA_3_2_1B if a.layers is None else replace(LLAMA_3_2_1B, n_layers=a.layers)
+    cfg = replace(cfg, max_seq=a.context + 64)
+    params = random_params(cfg, device="cuda", seed=0)
+    m = Model(cfg, params)
+    kv = m.new_kv()
+    token = torch.tensor([17], dtype=torch.int32, device="cuda")
+    pos = torch.tensor([a.context - 1], dtype=torch.int32, device="cuda")
+    step = amk.jit(m.fn, backend="cuda", donate=("kv",))
+    args = (params, token, pos, kv)
+    exe, bindings = step.executable(*args)
+    for _ in range(a.steps):
+        exe.run(bindings)
+    rows = exe.profile()
+    prog = step.lower(*args).program
+    s = summarise(prog, rows)
+    print(f"context {a.context}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
+          f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")
+    print_summary(s, cfg.n_layers // 2)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"context": a.context, **s}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
