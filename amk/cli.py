@@ -42,13 +42,24 @@ def _place(model, args):
     return model
 
 
-def load_model(name: str, max_seq: int):
-    """A known model name (amk.models.gguf.KNOWN), a .gguf file, or a local transformers directory."""
+def load_model(name: str, max_seq: int, device: str = "cpu"):
+    """A known model name (amk.models.gguf.KNOWN), a .gguf file, a local transformers directory,
+    or a shape preset with random weights (amk.models.presets.PRESETS: llama-3.2-1b, ...)."""
+    import os
     import amk.models as models
+    from amk.errors import TraceError
+    from amk.models import presets
     if name.endswith(".gguf"):
         return models.load_gguf(name, max_seq=max_seq)[0]
-    if name.lower() in models.gguf.KNOWN:
+    if name in models.gguf.KNOWN:
         return models.load(name, max_seq=max_seq)[0]
+    if name in presets.PRESETS:
+        # Random weights: enough for `amk ir` and timing; meta tensors when only compiling.
+        return presets.random_model(presets.PRESETS[name], device=device, max_seq=max_seq)
+    if not os.path.isdir(name):
+        raise TraceError(f"unknown model {name!r}: use {', '.join(sorted(models.gguf.KNOWN))}, a "
+                         f".gguf file, a transformers model directory, or a random-weight preset "
+                         f"({', '.join(sorted(presets.PRESETS))})")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     hf = AutoModelForCausalLM.from_pretrained(name)
     return models.from_hf(hf, max_seq=max_seq, tokenizer=AutoTokenizer.from_pretrained(name))
@@ -92,8 +103,9 @@ def cmd_ir(args) -> int:
     import os
     from pathlib import Path
     with _status(f"loading {args.model}..."):
-        model = load_model(args.model, args.max_seq)
-    _place(model, args)
+        model = load_model(args.model, args.max_seq, device="meta")   # presets: no memory
+    if str(model.device) != "meta":
+        _place(model, args)
     before = os.environ.get("AMK_DUMP_IR")
     os.environ["AMK_DUMP_IR"] = str(Path(args.dump).resolve())  # dump_stages reads the knob
     try:
@@ -106,9 +118,12 @@ def cmd_ir(args) -> int:
             os.environ["AMK_DUMP_IR"] = before
     if args.stats:
         from amk.passes.stats import stats_line
-        print(f"graph: {len(low.graph.eqns)} equations; stages: {', '.join(low.stages)}")
-        print(stats_line(low.program))
-        print(" ".join(f"{k}={v * 1e3:.1f}ms" for k, v in low.timings.items()))
+        target = low.options.target
+        print(f"graph: {len(low.graph.eqns)} equations; target {target.name} ({target.num_sms} SMs)")
+        for name, prog in low.programs.items():      # one line per stage
+            print(f"{name:<18} {stats_line(prog, target)}")
+        print(" ".join(f"{k}={v * 1e3:.1f}ms" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in low.timings.items()))
     return 0
 
 
