@@ -154,14 +154,14 @@ def test_quantized_model_matches_transformers_on_the_dequantized_weights(bits):
 
 def test_cli_ir_dumps_every_stage_and_prints_stats(tmp_path, monkeypatch, capsys):
     from amk import cli
-    from amk.models.presets import TINY_LLAMA, random_model
-    monkeypatch.setattr(cli, "load_model", lambda name, max_seq: random_model(TINY_LLAMA))
     monkeypatch.setenv("AMK_DUMP_IR", "")      # restored after the test, whatever cli does
-    assert cli.main(["ir", "--model", "tiny", "--dump", str(tmp_path), "--stats", "--backend", "reference"]) == 0
+    assert cli.main(["ir", "--model", "tiny-llama", "--dump", str(tmp_path), "--stats", "--backend", "reference"]) == 0
     out = capsys.readouterr().out
     assert not os.environ.get("AMK_DUMP_IR")
     (folder,) = tmp_path.iterdir()
     files = sorted(p.name for p in folder.iterdir())
     assert files[0] == "00_graph.txt" and "01_lower.txt" in files
     assert "embed" in (folder / "00_graph.txt").read_text()
-    assert "tasks=" in out and "stages: graph, lower" in out
+    stage_lines = [l.split()[0] for l in out.splitlines() if "tasks=" in l]
+    assert stage_lines == ["lower", "tile", "split_kv", "fuse", "plan_memory", "allocate_counters", "place"]
+    assert "balance=" in out.splitlines()[-2]          # the placed program reports its balance
