@@ -42,8 +42,13 @@ class PassOrderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: hasattr(self, "program") and later_passes())
     @rule(data=st.data(), opts=pass_options())
-    def apply_a_pass(self, data, opts):
-        name = data.draw(st.sampled_from(later_passes()), label="pass")
+    def apply_passes(self, data, opts):
+        names = data.draw(st.lists(st.sampled_from(later_passes()), min_size=1, max_size=3),
+                          label="passes")
+        for name in names:
+            self.apply(name, opts)
+
+    def apply(self, name, opts):
         fn = dict(pipeline.PIPELINE)[name]
         note(f"apply {name} after {self.applied} with {opts}")
         try:
@@ -51,6 +56,7 @@ class PassOrderMachine(RuleBasedStateMachine):
         except AmkError as e:                     # a clear refusal is allowed, a crash is not
             event(f"{name} refused its input: {type(e).__name__}")
             return
+        event(f"applied {name}")
         self.applied.append(name)
         ps.note_program(" -> ".join(self.applied), out)
         res = amk.validate(out)
@@ -84,5 +90,5 @@ class PassOrderMachine(RuleBasedStateMachine):
 
 PassOrderMachine.TestCase.settings = settings(settings.default,
                                               max_examples=max(5, settings.default.max_examples // 2),
-                                              stateful_step_count=6)
+                                              stateful_step_count=8)
 test_passes_in_random_order = PassOrderMachine.TestCase
