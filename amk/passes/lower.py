@@ -1,12 +1,12 @@
 """lower: graph IR -> Program. One task per op, one buffer per value, one counter per task.
 
-Each task waits (threshold 1) on the tasks that wrote the buffers it reads. A reshape is free (its
-output shares its input's buffer); kv_update writes the donated cache in place (a non-donated
-cache is first copied, so the function stays functional).
+Each task waits (threshold 1) on the tasks that wrote the buffers it reads. A reshape is a COPY
+into a buffer of the new shape (a buffer's last axis is what tasks tile and the validator
+reasons about); kv_update writes the donated cache in place (a non-donated cache is first copied,
+so the function stays functional).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from amk.errors import TraceError
@@ -67,6 +67,7 @@ LOWERING: dict[str, Callable[[Eqn, list[Var]], tuple[K, dict]]] = {
     "argmax": _simple(K.SAMPLE_ARGMAX),
     "allreduce": _simple(K.ALLREDUCE_SHARD),
     "cast": _simple(K.COPY),
+    "reshape": _simple(K.COPY),     # columns change meaning, so the new shape gets its own buffer
 }
 
 
@@ -100,7 +101,9 @@ class _Builder:
 
     def task(self, op: K, ins: list[int], outs: list[int], params: dict, name: str) -> int:
         tid = len(self.tasks)
-        deps = sorted({self.last_writer[b] for b in ins if b in self.last_writer})
+        # Follow the last writer of every buffer read (RAW) or written (WAW: an in-place
+        # update after a copy). Nothing is read before it is overwritten: no buffer is reused.
+        deps = sorted({self.last_writer[b] for b in (*ins, *outs) if b in self.last_writer})
         waits = tuple(Wait(d, 1) for d in deps)
         self.tasks.append(Task(tid, op, tuple(ins), tuple(outs), params, waits, tid, name))
         for b in outs:
@@ -132,11 +135,8 @@ def lower(g: Graph, opts=None) -> Program:
 
     for i, e in enumerate(g.eqns):
         name = _task_name(e, b.paths)
-        if e.prim == "reshape":
-            src = b.buf_of[e.inputs[0].id]
-            if e.outputs[0].id in b.outputs and b.buffers[src].kind == BufferKind.ACTIVATION:
-                b.buffers[src] = replace(b.buffers[src], kind=BufferKind.IO_OUTPUT)
-            b.buf_of[e.outputs[0].id] = src
+        if e.prim == "reshape" and e.outputs[0].aval.shape == e.inputs[0].aval.shape:
+            b.buf_of[e.outputs[0].id] = b.buf_of[e.inputs[0].id]
             continue
         if e.prim == "kv_update":
             cache, new, pos = e.inputs

@@ -303,8 +303,9 @@ def _kv_append(c: _Ctx) -> None:
     new, pos, cache = c.ins[0], c.ins[1], c.outs[0]
     c.dtype(pos, INTS, "pos")
     c.numel(pos, 1, "pos")
-    if cache.kind is not BufferKind.KV_CACHE:
-        c.bad(f"output {_b(cache)} must be a KV_CACHE buffer, is {cache.kind.name}")
+    if cache.kind in READ_ONLY:
+        c.bad(f"output {_b(cache)} is a read-only {cache.kind.name} buffer; KV_APPEND writes a cache "
+              f"in place (a KV_CACHE, or the copy a non-donated cache gets)")
     if len(cache.shape) not in (3, 4):
         c.bad(f"cache {_b(cache)} must be [(B,) max_seq, n_kv, head_dim], got {list(cache.shape)}")
         raise _Bad
@@ -637,7 +638,30 @@ def _validate(program: Program) -> ValidationResult:
             err("coverage", f"{_t(tasks[t_id])} reads {_b(buf)} cols [{r.lo}, {r.hi}) that no "
                 f"earlier task writes ({buf.kind.name} holds nothing before the step)",
                 task=t_id, buffer=buf.id)
+    _check_outputs_written(program, regions, err)
     return res
+
+
+def _check_outputs_written(program: Program, regions, err) -> None:
+    """Every column of a returned ACTIVATION/IO_OUTPUT buffer is written by some task: the
+    caller would otherwise read whatever the buffer held."""
+    wanted = {b for b in program.outputs if program.buffers[b].kind in MUST_BE_WRITTEN}
+    spans: dict[int, list[tuple[int, int]]] = {b: [] for b in wanted}
+    for _, writes in regions:
+        for r in writes:
+            if r.buffer in spans:
+                spans[r.buffer].append((r.lo, r.hi))
+    for b in sorted(wanted):
+        buf, covered, gap_end = program.buffers[b], 0, None
+        for lo, hi in sorted(spans[b]):
+            if lo > covered:
+                gap_end = lo
+                break
+            covered = max(covered, hi)
+        if covered < buf.cols:
+            end = gap_end if gap_end is not None else buf.cols
+            err("coverage", f"output {_b(buf)} cols [{covered}, {end}) are never written: "
+                f"the caller would read stale memory", buffer=b)
 
 
 def _report_conflict(err, b: Task, kind: str, buf: Buffer, lo: int, hi: int, bad: int,

@@ -18,8 +18,7 @@ if not torch.cuda.is_available():
 if not hasattr(pytest.importorskip("amk.backends.cuda"), "CudaProgram"):
     pytest.skip("amk.backends.cuda has no CudaProgram yet", allow_module_level=True)
 
-# reshape_norm: lowering bug, see tests/property/test_prop_known_bugs.py
-KINDS = tuple(k for k in BLOCKS if k != "reshape_norm")
+KINDS = BLOCKS
 
 
 def flat_outputs(result) -> list[torch.Tensor]:

@@ -14,10 +14,7 @@ from amk.testing import (BLOCKS, decode_steps, fusable_chains, interpret_case, o
 
 import prop_support as ps
 
-# Block kinds the current lowering gets wrong are drawn only by tests/property/test_prop_known_bugs.py.
-KNOWN_BROKEN = ("reshape_norm",)
-KINDS = tuple(k for k in BLOCKS if k not in KNOWN_BROKEN)
-steps = decode_steps(donate=True, kinds=KINDS)
+steps = decode_steps(kinds=BLOCKS)          # donated and non-donated caches alike
 
 
 @given(case=steps, opts=pass_options())

@@ -18,7 +18,7 @@ def interpret(graph: Graph, bindings: Mapping[str, torch.Tensor]) -> list[torch.
     for e in graph.eqns:
         out = e.outputs[0]
         if e.prim == "reshape":
-            env[out.id] = env[e.inputs[0].id]
+            env[out.id] = env[e.inputs[0].id].reshape(out.aval.shape)
             continue
         if e.prim == "kv_update":
             cache, new, pos = (env[v.id] for v in e.inputs)
