@@ -30,7 +30,12 @@ H100 = Target("H100", num_sms=132, smem_bytes=227 << 10, mem_bw=3.0e12, flops=98
 CPU = Target("CPU", num_sms=4, smem_bytes=1 << 20, mem_bw=50e9, flops=200e9,
              max_tile_bytes=1 << 20, task_overhead_ns=2000.0)
 
-TARGETS = {t.name: t for t in (H200, H100, CPU)}
+# One kernel launch per task (the triton backend): one worker, whole-op tasks, no tiling; each
+# launch spreads over the GPU by itself, so splitting an op would only add launches.
+LAUNCH = Target("LAUNCH", num_sms=1, smem_bytes=227 << 10, max_tile_bytes=1 << 62,
+                task_overhead_ns=3000.0)
+
+TARGETS = {t.name: t for t in (H200, H100, CPU, LAUNCH)}
 
 # Producer -> consumer chains `fuse` folds, by the op of each task's final step (FUSED tasks
 # match by the op that writes their output). See amk/passes/fuse.py.
@@ -66,9 +71,13 @@ class PassOptions:
 
     @staticmethod
     def for_backend(backend: str, device=None) -> "PassOptions":
-        """Defaults for a backend: a GPU target shaped like the device for cuda, CPU otherwise."""
+        """Defaults for a backend: a GPU target shaped like the device for cuda; whole-op,
+        unfused tasks for triton (a FUSED recipe there is the same launches plus scratch); CPU
+        otherwise."""
         if backend == "cuda":
             return PassOptions(target=gpu_target(device))
+        if backend == "triton":
+            return PassOptions(target=LAUNCH, fuse=False)
         return PassOptions(target=CPU)
 
 
