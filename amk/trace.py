@@ -68,6 +68,28 @@ class Tracer:
         return ops.mul(self, other)
 
 
+class ArgDict(dict):
+    """A dict argument as the traced function sees it: a missing key is an AMK error naming the
+    argument path and the keys that exist (a missing weight, most often)."""
+    __slots__ = ("path",)
+
+    def __missing__(self, key):
+        raise TraceError(f"{self.path}[{key!r}] does not exist ({user_source_line()}); "
+                         f"{self.path} has {sorted(self.keys())}")
+
+
+def _wrap_dicts(x, path: str):
+    if isinstance(x, dict):
+        d = ArgDict((k, _wrap_dicts(v, f"{path}.{k}")) for k, v in x.items())
+        d.path = path
+        return d
+    if isinstance(x, list):
+        return [_wrap_dicts(v, f"{path}.{i}") for i, v in enumerate(x)]
+    if isinstance(x, tuple):
+        return tuple(_wrap_dicts(v, f"{path}.{i}") for i, v in enumerate(x))
+    return x
+
+
 _STACK: list["TraceContext"] = []
 
 
@@ -134,7 +156,7 @@ def trace(fn: Callable, args: Sequence[Any], arg_names: Sequence[str],
             in_paths.append(p)
             in_kinds.append(kind)
             tracers.append(Tracer(v, ctx))
-        traced_args.append(pytree.unflatten(td, tracers))
+        traced_args.append(_wrap_dicts(pytree.unflatten(td, tracers), an))
 
     _STACK.append(ctx)
     try:
