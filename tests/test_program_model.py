@@ -8,33 +8,14 @@ import pytest
 import torch
 
 import amk
-from amk.backends.reference.interp import interpret
 from amk.backends.reference.vm import ReferenceVM
 from amk.errors import ValidationError
 from amk.models.presets import TINY_LLAMA, random_model
 from amk.program.ir import BufferKind, Wait
 from amk.program.text import parse_program, program_to_text
+from stage_check import args_with_history, assert_every_stage_matches_graph, clone_args, model_bindings
 
 I32 = torch.int32
-
-
-def bindings_for(program, params_args):
-    """Flatten (params, token, pos, kv) the way amk.jit does: {path: tensor}."""
-    from amk import pytree
-    out = {}
-    for name, val in zip(("params", "token", "pos", "kv"), params_args):
-        leaves, paths, _ = pytree.flatten(val, name)
-        out.update(zip(paths, leaves))
-    return out
-
-
-def fresh_args(m, pos=3, token=5):
-    params, _, _, kv = m.example_args()
-    g = torch.Generator().manual_seed(pos)
-    for layer in kv:                     # a non-trivial history in the cache
-        layer["k"].copy_(torch.randn(layer["k"].shape, generator=g))
-        layer["v"].copy_(torch.randn(layer["v"].shape, generator=g))
-    return params, torch.tensor([token], dtype=I32), torch.tensor([pos], dtype=I32), kv
 
 
 @pytest.fixture(scope="module")
@@ -43,31 +24,30 @@ def tiny():
     return m, m.lower(backend="reference")
 
 
-def clone_args(args):
-    params, token, pos, kv = args
-    return params, token.clone(), pos.clone(), [{k: v.clone() for k, v in l.items()} for l in kv]
-
-
 def test_every_stage_equals_direct_graph_interpretation(tiny):
     m, low = tiny
-    base = fresh_args(m)
-    want = interpret(low.graph, bindings_for(None, clone_args(base)))
-    for name, prog in low.programs.items():
-        assert amk.validate(prog).ok, name
-        got = ReferenceVM(prog).run(bindings_for(prog, clone_args(base)))
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert torch.equal(g.view(w.shape), w), f"stage {name} differs from the graph"
+    assert_every_stage_matches_graph(m, low)
+
+
+def test_every_stage_of_tiny_qwen3_equals_direct_graph_interpretation():
+    transformers = pytest.importorskip("transformers")
+    from amk.models import from_hf
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=32, max_position_embeddings=64)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    assert_every_stage_matches_graph(from_hf(hf, max_seq=32))
 
 
 def test_fifty_random_interleavings_are_bit_identical(tiny):
     m, low = tiny
-    base = fresh_args(m)
-    ref = ReferenceVM(low.program).run(bindings_for(low.program, clone_args(base)))
+    base = args_with_history(m)
+    ref = ReferenceVM(low.program).run(model_bindings(clone_args(base)))
     orders = set()
     for seed in range(50):
         vm = ReferenceVM(low.program, order="random", seed=seed)
-        got = vm.run(bindings_for(low.program, clone_args(base)))
+        got = vm.run(model_bindings(clone_args(base)))
         orders.add(tuple(vm.last_stats.exec_order))
         for g, r in zip(got, ref):
             assert torch.equal(g, r), f"seed {seed}"

@@ -28,6 +28,12 @@ def amk_greedy(smol):
     return ids, model.generate(ids, NEW, backend="reference")
 
 
+def test_every_stage_equals_direct_graph_interpretation(smol):
+    from stage_check import assert_every_stage_matches_graph
+    model, _ = smol
+    assert_every_stage_matches_graph(model)
+
+
 def test_config_matches_the_gguf(smol):
     model, _ = smol
     c = model.config
