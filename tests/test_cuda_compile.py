@@ -57,8 +57,8 @@ def test_all_cases_compile_for_sm90a_and_hit_the_cache(cache):
 
 def test_template_syntax_error_is_a_compile_error_with_numbered_source(cache, monkeypatch):
     broken = dict(codegen._templates())
-    broken["gemv.cuh"] = broken["gemv.cuh"].replace("const int M = d.ip[P_GEMV_M]",
-                                                    "const int M = d.ip[P_GEMV_M] oops", 1)
+    broken["gemv.cuh"] = broken["gemv.cuh"].replace(   # both GEMV templates (ring and plain)
+        "const int n_off = d.ip[P_GEMV_N_OFF]", "const int n_off = d.ip[P_GEMV_N_OFF] oops")
     monkeypatch.setattr(codegen, "_templates", lambda: broken)
     prog = examples.cases()[10].program        # a GEMV case
     assert prog.tasks[0].op == InstructionKind.GEMV_TILE

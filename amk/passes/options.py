@@ -18,7 +18,7 @@ class Target:
     flops: float = 989e12           # dense bf16 flop/s
     max_tile_bytes: int = 256 << 10  # weight bytes per GEMV tile (streamed in smem pages)
     min_tile_cols: int = 16         # tile widths are multiples of this (one MMA/warp row block)
-    task_overhead_ns: float = 300.0  # counter wait + dispatch per task, for the cost model
+    task_overhead_ns: float = 1500.0  # counter wait + dispatch + activation reads per task (H200, measured 2026: several us)
 
     def with_(self, **kw) -> "Target":
         return replace(self, **kw)

@@ -1,14 +1,19 @@
-"""place: assign tasks to per-SM static queues, balanced by the cost model (amk/passes/cost.py).
+"""place: assign tasks to per-SM static queues by list scheduling on the cost model
+(amk/passes/cost.py): a simulated clock per queue.
 
-Tasks are taken in program order, each to the queue with the least cost so far (ties: lowest
-queue). Every queue therefore lists its tasks in increasing program order, and every wait names
-tasks earlier in program order, so the placement cannot deadlock: the earliest unfinished task
-is always at the head of its queue with all its waits met. Taking tasks in program order also
-spreads each op's tiles over all SMs, so every SM streams weights in every phase.
+Tasks are taken in program order. A task is ready when its waits are met: for each wait, the
+time its counter's incrementers (placed earlier, with simulated finish times) reach the
+threshold. It goes to the queue that finishes it earliest: among queues free by its ready time
+the one that frees last (least idle left behind), else the queue that frees first. So the tiles
+of one stage spread over the SMs instead of piling two on one SM while another idles, and a
+task that must wait (a split-KV combine) lands where the wait costs least.
+Every queue lists its tasks in increasing program order, and every wait names tasks earlier in
+program order, so the placement cannot deadlock: the earliest unfinished task is always at the
+head of its queue with all its waits met.
 """
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_right, insort
 
 from amk.passes.cost import cost_ns
 from amk.passes.sync import without_gc
@@ -23,12 +28,30 @@ def place(program: Program, opts: PassOptions | None = None) -> Program:
         return program
     target = opts.target
     nq = max(1, min(target.num_sms, len(program.tasks)))
-    heap = [(0.0, q) for q in range(nq)]
+    free = [(0.0, q) for q in range(nq)]            # (simulated time the queue frees, queue)
     queues: list[list[int]] = [[] for _ in range(nq)]
+    init = {c.id: c.init for c in program.counters}
+    done: dict[int, list[float]] = {}               # counter -> finish times of its incrementers
+    latest: dict[int, float] = {}
     for t in program.tasks:
-        load, q = heapq.heappop(heap)
+        ready = 0.0
+        for w in t.waits:
+            fins = done.get(w.counter, ())
+            need = w.threshold - init.get(w.counter, 0)
+            if need <= 0 or not fins:
+                continue
+            at = latest[w.counter] if need >= len(fins) else sorted(fins)[need - 1]
+            ready = max(ready, at)
+        i = bisect_right(free, (ready, nq)) - 1
+        if i < 0:
+            i = 0
+        start, q = free.pop(i)
+        end = max(start, ready) + cost_ns(t, program.buffers, target)
+        insort(free, (end, q))
         queues[q].append(t.id)
-        heapq.heappush(heap, (load + cost_ns(t, program.buffers, target), q))
+        if t.out_counter is not None and t.out_counter >= 0:
+            done.setdefault(t.out_counter, []).append(end)
+            latest[t.out_counter] = max(latest.get(t.out_counter, 0.0), end)
     return program.with_(queues=tuple(tuple(q) for q in queues))
 
 

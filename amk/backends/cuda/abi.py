@@ -30,7 +30,10 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("zero_begin", "int", 1),    # FUSED: scratch ranges zeroed before the steps run
     ("n_zero", "int", 1),
     ("task_id", "int", 1),       # Program task id (for error reports)
+    ("ck_begin", "int", 1),      # weight chunks streamed into the smem ring: ranges[ck_begin :
+    ("n_ck", "int", 1),          #   +n_ck] (the task's; its FUSED steps carry the same pair)
     ("pad0", "int", 1),
+    ("pad1", "int", 1),
     ("ip", "int", N_IP),
     ("fp", "float", N_FP),
 )
@@ -67,7 +70,7 @@ STATE_DTYPE = np_dtype(STATE_FIELDS)
 # reads d.ip[P_<GROUP>_<NAME>]; the encoder writes by name. Opcodes sharing a kernel share a group.
 IP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_CS", "B_RS", "B_CS", "KIND"),
-    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS"),
+    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "CK0"),
     "NORM": ("ROWS", "H"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",

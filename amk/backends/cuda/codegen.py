@@ -13,7 +13,7 @@ from string import Template
 
 from amk.program.ir import Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.lower import Lowered, lower_program
+from amk.backends.cuda.lower import CHUNK_BYTES, Lowered, lower_program
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
@@ -22,7 +22,9 @@ NTHREADS = 512
 MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
 GEMV_SMEM = 64 * 1024            # x staged as fp32 (lower.XS_MAX floats)
 ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
-SMEM_BYTES = max(GEMV_SMEM, ATTN_SMEM)
+RING_STAGES = 4                  # the weight ring (templates/common.cuh) after that region
+RING_OFF = max(GEMV_SMEM, ATTN_SMEM)
+SMEM_BYTES = RING_OFF + RING_STAGES * CHUNK_BYTES
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,7 +50,9 @@ def render_lowered(low: Lowered) -> str:
     t = _templates()
     from amk import knobs
     parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
-             f"#define AMK_NTHREADS {NTHREADS}\n", abi.render_header()]
+             f"#define AMK_NTHREADS {NTHREADS}\n#define AMK_RING_OFF {RING_OFF}\n"
+             f"#define AMK_RING_STAGES {RING_STAGES}\n#define AMK_CHUNK {CHUNK_BYTES}\n",
+             abi.render_header()]
     if knobs.profile():
         parts.insert(2, "#define AMK_PROFILE 1\n")
     for name in TEMPLATE_FILES[:-1]:

@@ -27,6 +27,7 @@ RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.B
                                          DType.U8)}}
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 XS_MAX = 16384          # floats of x a GEMV stages in shared memory (64 KiB); K must fit
+CHUNK_BYTES = 32768     # one stage of the weight ring (codegen.RING_STAGES of them in smem)
 HD_MAX = 256            # largest attention head_dim the templates handle
 SCRATCH_ALIGN = 256
 
@@ -63,6 +64,7 @@ class Encoded:
     fp: dict[str, float] = field(default_factory=dict)
     group: str = ""
     prefetch: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)  # (ref, off, n)
+    chunks: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)    # smem ring
 
 
 @dataclass
@@ -222,12 +224,25 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     # the non-coherent read-only path only for buffers nothing writes during the kernel
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
     has_bias = not quant and len(ins) > 2
-    call = (f"op_gemv<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, {tz}, {qmode}, "
-            f"{_b(has_bias)}, {_b(zeros is not None)}, {_b(vec)}, {mb}, {_b(w_ro)}>(AMK_ARGS)")
+    row_bytes = ldw * w.esize
+    # Float weights of a read-only buffer, batch 1: stream the tile through the smem ring in
+    # chunks of whole rows (cp.async, issued before the task's counter wait).
+    ring = (qmode == 0 and vec and w_ro and M == 1 and row_bytes <= CHUNK_BYTES
+            and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
+    if ring:
+        call = (f"op_gemv_ring<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, "
+                f"{_b(has_bias)}>(AMK_ARGS)")
+    else:
+        call = (f"op_gemv<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, {tz}, {qmode}, "
+                f"{_b(has_bias)}, {_b(zeros is not None)}, {_b(vec)}, {mb}, {_b(w_ro)}>(AMK_ARGS)")
     e = Encoded(int(op), call, group="GEMV")
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
                 NGROUPS=ngroups)
-    row_bytes = ldw * w.esize
+    if ring:
+        rpc = max(1, min(n_tile, CHUNK_BYTES // row_bytes))
+        e.ip["RPC"] = rpc
+        e.chunks = [(w.ref, (n_off + r) * row_bytes, min(rpc, n_tile - r) * row_bytes)
+                    for r in range(0, n_tile, rpc)]
     _weight_prefetch(w, n_off * row_bytes, n_tile * row_bytes, e)
     if quant:
         sb = ngroups * ins[2].esize
@@ -543,11 +558,22 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         ranges.extend(enc.prefetch)
         return d
 
+    def chunk_list(encs: list[Encoded]) -> tuple[int, int]:
+        """Append the tasks' ring chunks (step by step) to ranges; each step learns its first."""
+        begin, n = len(ranges), 0
+        for enc in encs:
+            if enc.chunks:
+                enc.ip["CK0"] = n
+                ranges.extend(enc.chunks)
+                n += len(enc.chunks)
+        return begin, n
+
     for t in program.tasks:
         ins = [_view(program.buffers[b]) for b in t.inputs]
         outs = [_view(program.buffers[b]) for b in t.outputs]
         if t.op == K.FUSED:
             steps, zero, used = _lower_fused(t, ins, outs, scratch)
+            ck = chunk_list([enc for enc, _, _ in steps])
             d = desc(Encoded(int(t.op), None), ins, outs)
             d["sub_begin"], d["n_sub"] = len(subs), len(steps)
             pf = [r for enc, _, _ in steps for r in enc.prefetch]
@@ -559,10 +585,15 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
                 sd = desc(enc, sins, souts)
                 sd["n_pf"] = 0
                 sd["task_id"] = t.id
+                sd["ck_begin"], sd["n_ck"] = ck
                 subs.append(sd)
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
+            d["ck_begin"], d["n_ck"] = ck
         else:
-            d = desc(encode_op(t, t.op, ins, outs, t.params), ins, outs)
+            enc = encode_op(t, t.op, ins, outs, t.params)
+            ck = chunk_list([enc])
+            d = desc(enc, ins, outs)
+            d["ck_begin"], d["n_ck"] = ck
         d["task_id"] = t.id
         d["wait_begin"], d["n_waits"] = len(waits), len(t.waits)
         for w in t.waits:
@@ -583,7 +614,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         rec = table[i]
         for f in ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in",
                   "n_out", "sub_begin", "n_sub", "pf_begin", "n_pf", "zero_begin", "n_zero",
-                  "task_id"):
+                  "task_id", "ck_begin", "n_ck"):
             rec[f] = d.get(f, 0)
         g = d["group"]
         for name, v in d["ip"].items():

@@ -131,3 +131,29 @@ __device__ __forceinline__ void prefetch_l2(unsigned long long p, unsigned long 
 __device__ __forceinline__ void raise_fault(KernelState* st, int code, int task, int value) {
   if (atomicCAS((int*)&st->fault, 0, code) == 0) { st->fault_task = task; st->fault_value = value; }
 }
+
+// ---- the weight ring: GEMV weight chunks stream global -> shared with cp.async (16 B each,
+// L1 bypassed). A task's chunks (ranges[ck_begin : +n_ck]) go to stage c % RING_STAGES; the
+// scheduler issues the first RING_STAGES before the task's counter wait, each GEMV refills the
+// stage it just consumed. One commit group per chunk slot (empty past the end), so chunk c is
+// always complete after cp.async.wait_group RING_STAGES-1. Warp 0 issues no copies: its
+// thread 0 spins and fences on counters and must not wait for these.
+__shared__ unsigned long long amk_s_ranges;      // A.ranges, set once per launch
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void ring_issue(char* smem, const TaskDesc& d, int c) {
+  if (c < d.n_ck && threadIdx.x >= 32) {
+    const RangeDesc* r = (const RangeDesc*)amk_s_ranges + d.ck_begin + c;
+    const unsigned long long src = r->addr, n = r->bytes;
+    const unsigned dst = smem_u32(smem + AMK_RING_OFF + (c % AMK_RING_STAGES) * AMK_CHUNK);
+    for (unsigned long long o = (threadIdx.x - 32) * 16ull; o < n; o += (NT - 32) * 16ull)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst + (unsigned)o), "l"(src + o) : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void ring_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(AMK_RING_STAGES - 1) : "memory");
+}

@@ -133,34 +133,61 @@ __device__ __noinline__ void op_kv_append(AMK_PARAMS) {
   }
 }
 
+// (v, i) beats (b, bi): larger value, then lower index; NaN beats everything (first NaN wins),
+// like torch.argmax. Visiting order does not matter.
+__device__ __forceinline__ bool am_better(float v, int i, float b, int bi) {
+  if (v != v) return b == b || i < bi;
+  if (b != b) return false;
+  return v > b || (v == b && i < bi);
+}
+
 template <class TX>
 __device__ __noinline__ void op_argmax(AMK_PARAMS) {
+  constexpr int VN = VecN<TX>::N, U = 8;               // 8 x 16-byte loads in flight per thread
   const int R = d.ip[P_ARGMAX_ROWS], V = d.ip[P_ARGMAX_V];
   const TX* x = (const TX*)P[0];
   __shared__ float sv[NWARPS]; __shared__ int si[NWARPS];
   for (int r = 0; r < R; r++) {
     const TX* xr = x + (long long)r * V;
     float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += NT) {
-      float v = to_f(xr[i]);
-      if (v > best || (v != v && best == best)) { best = v; bi = i; }   // NaN wins, like torch
+    int i = 0;
+    if ((((unsigned long long)xr) & 15ull) == 0) {
+      const int nvec = V / VN;
+      for (int v0 = threadIdx.x; v0 < nvec; v0 += NT * U) {
+        uint4 q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) q[u] = v0 + u * NT < nvec ? ld16(xr + (long long)(v0 + u * NT) * VN) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          if (v0 + u * NT < nvec) {
+            float f[VN];
+            unpack(q[u], f, (TX*)0);
+#pragma unroll
+            for (int e = 0; e < VN; e++) {
+              const int idx = (v0 + u * NT) * VN + e;
+              if (am_better(f[e], idx, best, bi)) { best = f[e]; bi = idx; }
+            }
+          }
+        }
+      }
+      i = nvec * VN;
+    }
+    for (int k = i + threadIdx.x; k < V; k += NT) {
+      const float v = to_f(xr[k]);
+      if (am_better(v, k, best, bi)) { best = v; bi = k; }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       float ov = __shfl_xor_sync(0xffffffffu, best, o); int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      bool take = (ov > best) || (ov == best && oi < bi) || (ov != ov && (best == best || oi < bi));
-      if (take) { best = ov; bi = oi; }
+      if (am_better(ov, oi, best, bi)) { best = ov; bi = oi; }
     }
     __syncthreads();
     if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
     __syncthreads();
     if (threadIdx.x == 0) {
       float b = sv[0]; int i0 = si[0];
-      for (int k = 1; k < NWARPS; k++) {
-        float ov = sv[k]; int oi = si[k];
-        bool take = (ov > b) || (ov == b && oi < i0) || (ov != ov && (b == b || oi < i0));
-        if (take) { b = ov; i0 = oi; }
-      }
+      for (int k = 1; k < NWARPS; k++)
+        if (am_better(sv[k], si[k], b, i0)) { b = sv[k]; i0 = si[k]; }
       if (i0 == 0x7fffffff) i0 = 0;
       if (d.ip[P_ARGMAX_OUT64]) ((long long*)P[d.n_in])[r] = i0; else ((int*)P[d.n_in])[r] = i0;
     }

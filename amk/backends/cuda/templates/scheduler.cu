@@ -75,7 +75,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
   const unsigned epoch = ld_volatile(&st->epoch);
   const int qb = qo[blockIdx.x], qe = qo[blockIdx.x + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == 0 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
+  if (threadIdx.x == 0) amk_s_ranges = A.ranges;
+  __syncthreads();
+  // L2 prefetch from the last warp: thread 0 (warp 0) fences after its counter waits, and a
+  // fence would wait for these bulk prefetches too.
+  if (warp == NWARPS - 1 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
   bool aborted = false;
 #ifdef AMK_PROFILE
   unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm
@@ -85,7 +89,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[4 * i] = global_timer();
 #endif
-    if (warp == 0 && i + 1 < qe) prefetch_task(tasks + qt[i + 1], A, lane);
+    if (warp != 0 && t->n_ck > 0)       // this task's first weight chunks, before its wait
+      for (int c = 0; c < AMK_RING_STAGES; c++) ring_issue(smem, *t, c);
+    if (warp == NWARPS - 1 && i + 1 < qe) prefetch_task(tasks + qt[i + 1], A, lane);
     if (threadIdx.x == 0) {
       s_ok = wait_task(t, A, epoch) ? 1 : 0;
 #ifdef AMK_PROFILE
@@ -120,6 +126,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
     }
 #endif
   }
+  asm volatile("cp.async.wait_all;" ::: "memory");
   if (threadIdx.x == 0 && !aborted) {
     __threadfence();
     const unsigned old = atomicAdd(&st->done, 1u);
