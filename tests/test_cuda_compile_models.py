@@ -1,0 +1,59 @@
+"""CPU CI: every model's decode step, and random property programs, render to CUDA that NVRTC
+compiles to an sm_90a cubin (no GPU needed)."""
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+pytest.importorskip("cuda.bindings")
+
+import amk  # noqa: E402
+from amk.models.llama import DecoderConfig  # noqa: E402
+from amk.models.presets import LLAMA_3_2_1B, TINY_LLAMA, random_model  # noqa: E402
+from amk.testing import decode_steps  # noqa: E402
+
+SMOLLM2_SHAPE = DecoderConfig(vocab=49152, hidden=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                              head_dim=64, ffn=1536, rope_theta=100000.0, tie_embeddings=True,
+                              max_seq=512, dtype=torch.float32, arch="smollm2")
+
+
+def assert_cubin(low):
+    cubin = low.compile_cuda(arch="sm_90a")
+    assert cubin[:4] == b"\x7fELF", "NVRTC must return a cubin (ELF), never PTX"
+    return cubin
+
+
+@pytest.mark.parametrize("name,cfg,device,bits", [
+    ("tiny-llama f32", TINY_LLAMA, "cpu", None),
+    ("tiny-llama bf16", replace(TINY_LLAMA, dtype=torch.bfloat16), "cpu", None),
+    ("tiny-llama int8", TINY_LLAMA, "cpu", 8),
+    ("tiny-llama int4", replace(TINY_LLAMA, dtype=torch.bfloat16), "cpu", 4),
+    ("smollm2-135m shape", SMOLLM2_SHAPE, "meta", None),
+    ("llama-3.2-1b shape", replace(LLAMA_3_2_1B, max_seq=1088), "meta", None),
+])
+def test_model_decode_steps_compile_for_sm90a(name, cfg, device, bits):
+    m = random_model(cfg, device=device)
+    if bits is not None:
+        m.quantize(bits=bits, group=32)
+    low = m.lower(backend="cuda")
+    assert low.options.target.num_sms >= 100          # shaped for a GPU, not the CPU target
+    assert_cubin(low)
+
+
+def test_tiny_qwen3_compiles_for_sm90a():
+    transformers = pytest.importorskip("transformers")
+    from amk.models import from_hf
+    cfg = transformers.Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=32, max_position_embeddings=64)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    assert_cubin(from_hf(hf, max_seq=32).lower(backend="cuda"))
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=decode_steps())
+def test_random_property_programs_compile_for_sm90a(case):
+    step = amk.jit(case.fn, donate=case.donate, backend="cuda")
+    assert_cubin(step.lower(*case.args))
