@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 

@@ -55,3 +55,10 @@ def profile() -> bool:
     """AMK_PROFILE=1: the CUDA megakernel records per task %globaltimer at wait start, wait end
     and task end (CudaProgram.profile() reads them; bench/profile_decode.py summarises)."""
     return _int("AMK_PROFILE", 0) != 0
+
+
+def gemv_ring() -> bool:
+    """AMK_GEMV_RING=1: the CUDA backend streams float GEMV weight tiles through the shared-memory
+    ring (cp.async, first chunks before the counter wait) instead of direct 16-byte loads.
+    Opt-in: measured slower than the direct loads on an H200 (bench/NOTES.md, v2)."""
+    return _int("AMK_GEMV_RING", 0) != 0

@@ -1,6 +1,5 @@
 """The disk cache of pipeline results: a warm compile skips the passes and returns the same
 program; anything that changes the result (options, a patched pass) misses."""
-import torch
 
 import amk
 from amk.models.presets import TINY_LLAMA, random_model

@@ -2,7 +2,6 @@
 stages to stderr. The same texts are `Lowered.stages`."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -1,14 +1,10 @@
 """Dependencies at scale, and `resync`: recompute every task's waits from its data dependencies.
 
-The hazard rule is `amk.program.deps`' (RAW on the last writer, WAR on the readers since, else WAW),
-over `task_regions`. This module computes the same edges, but a decode program after tiling and
-fusion has ~20k tasks whose direct edges are all-to-all between consecutive tiled ops (~2M
-edges), so edges are never listed one by one in Python:
-  * a read's writer set is memoised per (buffer, columns) until the buffer is next written, so
-    the 192 q/k/v tiles that read the whole residual share ONE frozenset;
-  * full-width reads go to a per-buffer list instead of every column segment;
-  * the transitive reduction uses ancestor bitsets (Python ints) per distinct dependency set.
-Tests check the unreduced edges equal `amk.program.deps.dependencies` on small programs.
+The edges are `amk.program.deps.scan`'s (RAW on the last writer, WAR on the readers since, else
+WAW). A decode program after tiling and fusion has ~20k tasks whose direct edges are all-to-all
+between consecutive tiled ops (~2M edges), so they stay in scan's shared groups (frozensets) and
+are never listed one by one; the transitive reduction uses ancestor bitsets (Python ints) per
+distinct group.
 
 `resync` is the simple scheme a restructuring pass ends with: tasks that share an out_counter
 and sit next to each other in program order (the tiles of one op) are one group with one counter;
@@ -21,10 +17,10 @@ from __future__ import annotations
 
 import functools
 import gc
-from bisect import bisect_right
 from typing import Callable, Sequence
 
-from amk.program.ir import Buffer, BufferKind, Counter, Program, Task, Wait
+from amk.program.ir import Buffer, Counter, Program, Task, Wait
+from amk.program.deps import scan
 from amk.program.regions import Region, task_regions
 
 _EMPTY: frozenset[int] = frozenset()
@@ -44,98 +40,6 @@ def without_gc(fn: Callable) -> Callable:
             if was:
                 gc.enable()
     return run
-
-
-class _Columns:
-    """One buffer's columns: disjoint segments, each with its last writer and readers since."""
-    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "memo")
-
-    def __init__(self, width: int):
-        self.width = max(width, 1)
-        self.starts = [0]
-        self.writer = [-1]
-        self.readers: list[list[int]] = [[]]
-        self.full_from = [0]        # full[full_from[k]:] read segment k since its last write
-        self.full: list[int] = []   # tasks that read every column
-        self.memo: dict[tuple[int, int], frozenset[int]] = {}
-
-    def _split(self, x: int) -> int:
-        if x >= self.width:
-            return len(self.starts)
-        i = bisect_right(self.starts, x) - 1
-        if self.starts[i] == x:
-            return i
-        self.starts.insert(i + 1, x)
-        self.writer.insert(i + 1, self.writer[i])
-        self.readers.insert(i + 1, list(self.readers[i]))
-        self.full_from.insert(i + 1, self.full_from[i])
-        return i + 1
-
-    def span(self, lo: int, hi: int) -> tuple[int, int]:
-        lo, hi = max(lo, 0), min(hi, self.width)
-        if lo >= hi:
-            return 0, 0
-        i = self._split(lo)
-        return i, self._split(hi)
-
-    def writers(self, lo: int, hi: int) -> frozenset[int]:
-        """RAW: the last writers of columns [lo, hi) (shared object until the next write)."""
-        key = (lo, hi)
-        got = self.memo.get(key)
-        if got is None:
-            i, j = self.span(lo, hi)
-            got = self.memo[key] = frozenset(w for w in self.writer[i:j] if w >= 0)
-        return got
-
-    def overwritten(self, lo: int, hi: int) -> list[frozenset[int]]:
-        """WAR/WAW: the readers since the last write of each segment, else its last writer.
-        Whole-buffer readers come back as one shared frozenset (many writers see the same)."""
-        i, j = self.span(lo, hi)
-        deps: set[int] = set()
-        nfull = len(self.full)
-        min_f = nfull
-        for k in range(i, j):
-            f = self.full_from[k]
-            r = self.readers[k]
-            if r or f < nfull:
-                deps.update(r)
-                if f < min_f:
-                    min_f = f
-            elif self.writer[k] >= 0:
-                deps.add(self.writer[k])
-        out = [frozenset(deps)] if deps else []
-        if min_f < nfull:
-            key = (-1 - min_f, nfull)           # negative: cannot clash with a (lo, hi) key
-            full = self.memo.get(key)
-            if full is None:
-                full = self.memo[key] = frozenset(self.full[min_f:])
-            out.append(full)
-        return out
-
-    def read(self, lo: int, hi: int, t: int) -> None:
-        if lo <= 0 and hi >= self.width:
-            if not self.full or self.full[-1] != t:
-                self.full.append(t)
-            return
-        i, j = self.span(lo, hi)
-        for k in range(i, j):
-            r = self.readers[k]
-            if not r or r[-1] != t:
-                r.append(t)
-
-    def write(self, lo: int, hi: int, t: int) -> None:
-        if lo <= 0 and hi >= self.width:
-            self.starts, self.writer, self.readers = [0], [t], [[]]
-            self.full, self.full_from = [], [0]
-        else:
-            i, j = self.span(lo, hi)
-            if i >= j:
-                return
-            del self.starts[i + 1:j]
-            self.writer[i:j] = [t]
-            self.readers[i:j] = [[]]
-            self.full_from[i:j] = [len(self.full)]
-        self.memo = {}
 
 
 # task_regions is the one table of what an op touches, but it costs tens of microseconds a call
@@ -173,9 +77,6 @@ def task_region_list(program: Program) -> list[tuple[list[Region], list[Region]]
     return [regions_of(t, program.buffers) for t in program.tasks]
 
 
-_NEVER_WRITTEN = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
-
-
 # The last program's dependencies: allocate_counters sees the program plan_memory just
 # resynced, with new waits but the same tasks, and needs the same edges again.
 _LAST: dict = {"key": None, "parts": None, "params": None}
@@ -199,36 +100,8 @@ def direct_dependency_parts(program: Program, regions=None) -> list[list[frozens
 def _direct_parts(program: Program, regions=None) -> list[list[frozenset[int]]]:
     if regions is None:
         regions = task_region_list(program)
-    buffers = program.buffers
-    # weights, constants and inputs are written by no task: nothing to track (unless one is)
-    skip = {b.id for b in buffers if b.kind in _NEVER_WRITTEN}
-    for _, writes in regions:
-        for w in writes:
-            skip.discard(w.buffer)
-    cols: dict[int, _Columns] = {}
-
-    def of(b: int) -> _Columns:
-        c = cols.get(b)
-        if c is None:
-            c = cols[b] = _Columns(buffers[b].cols)
-        return c
-
-    out: list[list[frozenset[int]]] = []
-    for t, (reads, writes) in enumerate(regions):
-        reads = [r for r in reads if r.buffer not in skip]
-        parts: list[frozenset[int]] = []
-        for r in reads:
-            s = of(r.buffer).writers(r.lo, r.hi)
-            if s:
-                parts.append(s)
-        for w in writes:
-            parts += of(w.buffer).overwritten(w.lo, w.hi)
-        out.append(parts)
-        for r in reads:
-            of(r.buffer).read(r.lo, r.hi, t)
-        for w in writes:
-            of(w.buffer).write(w.lo, w.hi, t)
-    return out
+    found = scan(program.buffers, program.tasks, regions)
+    return [[c.earlier for c in conflicts] for conflicts in found]
 
 
 def direct_dependencies(program: Program, regions=None) -> list[tuple[int, ...]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Collection, NamedTuple, Sequence
 
-from amk.program.ir import Buffer, Program, Task
+from amk.program.ir import Buffer, BufferKind, Program, Task
 from amk.program.regions import Region, task_regions
 
 RAW, WAR, WAW = "RAW", "WAR", "WAW"
@@ -89,7 +89,8 @@ class _Columns:
         return got
 
     def overwritten(self, lo: int, hi: int) -> list[Conflict]:
-        """What a write of [lo, hi) must follow: readers since the last write, else the writer."""
+        """What a write of [lo, hi) must follow: readers since the last write, else the writer.
+        Whole-buffer readers come back as one frozenset shared by every writer that sees them."""
         i, j = self.span(lo, hi)
         readers: set[int] = set()
         writers: set[int] = set()
@@ -106,12 +107,16 @@ class _Columns:
                 writers.add(self.writer[k])
         out = []
         if readers:
-            out.append(Conflict(WAR, -1, lo, hi, readers))
+            out.append(Conflict(WAR, -1, lo, hi, frozenset(readers)))
         if min_f < nfull:
+            key = (-1 - min_f, nfull)           # negative: cannot clash with a (lo, hi) key
+            full = self.memo.get(key)
+            if full is None:
+                full = self.memo[key] = (frozenset(self.full[min_f:]), [])
             mask = self.full_cum[nfull] ^ self.full_cum[min_f] if self.masks else None
-            out.append(Conflict(WAR, -1, lo, hi, self.full[min_f:], mask))
+            out.append(Conflict(WAR, -1, lo, hi, full[0], mask))
         if writers:
-            out.append(Conflict(WAW, -1, lo, hi, writers))
+            out.append(Conflict(WAW, -1, lo, hi, frozenset(writers)))
         return out
 
     def read(self, lo: int, hi: int, t: int) -> None:
@@ -152,6 +157,10 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     reader groups carry their bitset."""
     if regions is None:
         regions = [task_regions(t, buffers) for t in tasks]
+    # Weights, inputs and caches that no task writes can conflict with nothing: not tracked.
+    # (Activations are, even if unwritten: their unwritten reads are reported.)
+    written = {r.buffer for _, writes in regions for r in writes}
+    written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
     cols: dict[int, _Columns] = {}
 
     def of(b: int) -> _Columns:
@@ -164,6 +173,7 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     for task, (reads, writes) in zip(tasks, regions):
         t = task.id
         found: list[Conflict] = []
+        reads = [r for r in reads if r.buffer in written]
         for buf, lo, hi in reads:
             ws, holes = of(buf).writers(lo, hi)
             if ws:

@@ -7,7 +7,6 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-import amk  # noqa: E402
 from amk.models.presets import LLAMA_3_2_1B, random_model  # noqa: E402
 
 I32 = torch.int32

@@ -4,7 +4,7 @@ and the reference VM computes what the previous stage computed: bit-identical ex
 import pytest
 import torch
 
-from pass_helpers import OPTS, SMALL, TINY, bindings, check_lines, llama_program, run, run_passes, text
+from pass_helpers import OPTS, SMALL, bindings, check_lines, llama_program, run, run_passes, text
 
 from amk.passes.options import PassOptions
 from amk.program.deps import dependencies

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import os
 import shlex
-from dataclasses import replace
 
 from hypothesis import event, note
 from hypothesis import strategies as st

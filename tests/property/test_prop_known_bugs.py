@@ -3,7 +3,6 @@ kv_update (copy, then append in place), a linear after a reshape, and a program 
 that no task writes (now a validation error)."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 import amk

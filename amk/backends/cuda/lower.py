@@ -227,7 +227,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     row_bytes = ldw * w.esize
     # Float weights of a read-only buffer, batch 1: stream the tile through the smem ring in
     # chunks of whole rows (cp.async, issued before the task's counter wait).
-    ring = (qmode == 0 and vec and w_ro and M == 1 and row_bytes <= CHUNK_BYTES
+    from amk import knobs
+    ring = (knobs.gemv_ring() and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= CHUNK_BYTES
             and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
     if ring:
         call = (f"op_gemv_ring<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, "

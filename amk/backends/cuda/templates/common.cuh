@@ -144,15 +144,23 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
   return r;
 }
-__device__ __forceinline__ void ring_issue(char* smem, const TaskDesc& d, int c) {
-  if (c < d.n_ck && threadIdx.x >= 32) {
-    const RangeDesc* r = (const RangeDesc*)amk_s_ranges + d.ck_begin + c;
-    const unsigned long long src = r->addr, n = r->bytes;
+// The chunk's range: read it early (its load latency then hides behind other work).
+__device__ __forceinline__ RangeDesc ring_range(const TaskDesc& d, int c) {
+  RangeDesc r; r.addr = 0; r.bytes = 0;
+  if (c < d.n_ck && threadIdx.x >= 32) r = ((const RangeDesc*)amk_s_ranges)[d.ck_begin + c];
+  return r;
+}
+__device__ __forceinline__ void ring_issue_range(char* smem, int c, RangeDesc r) {
+  if (r.bytes != 0) {
+    const unsigned long long src = r.addr, n = r.bytes;
     const unsigned dst = smem_u32(smem + AMK_RING_OFF + (c % AMK_RING_STAGES) * AMK_CHUNK);
     for (unsigned long long o = (threadIdx.x - 32) * 16ull; o < n; o += (NT - 32) * 16ull)
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst + (unsigned)o), "l"(src + o) : "memory");
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void ring_issue(char* smem, const TaskDesc& d, int c) {
+  ring_issue_range(smem, c, ring_range(d, c));
 }
 __device__ __forceinline__ void ring_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(AMK_RING_STAGES - 1) : "memory");

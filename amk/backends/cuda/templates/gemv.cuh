@@ -171,6 +171,7 @@ __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
   for (int j = 0; j < n_chunks; j++) {
     const int c = ck0 + j, r0 = j * rpc;
     const int nr = n_tile - r0 < rpc ? n_tile - r0 : rpc;
+    const RangeDesc refill = ring_range(d, c + AMK_RING_STAGES);   // in flight during the wait
     ring_wait();
     __syncthreads();
     const char* stage = smem + AMK_RING_OFF + (c % AMK_RING_STAGES) * AMK_CHUNK;
@@ -197,7 +198,7 @@ __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
       }
     }
     __syncthreads();                                  // stage and part_s fully read / written
-    ring_issue(smem, d, c + AMK_RING_STAGES);
+    ring_issue_range(smem, c + AMK_RING_STAGES, refill);
     if (wpr > 1 && threadIdx.x < nr) {
       float s = 0.f;
       for (int p = 0; p < wpr; p++) s += part_s[threadIdx.x * wpr + p];

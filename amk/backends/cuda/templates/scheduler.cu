@@ -89,8 +89,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[4 * i] = global_timer();
 #endif
-    if (warp != 0 && t->n_ck > 0)       // this task's first weight chunks, before its wait
-      for (int c = 0; c < AMK_RING_STAGES; c++) ring_issue(smem, *t, c);
+    if (warp != 0 && t->n_ck > 0) {     // this task's first weight chunks, before its wait
+      RangeDesc r[AMK_RING_STAGES];
+#pragma unroll
+      for (int c = 0; c < AMK_RING_STAGES; c++) r[c] = ring_range(*t, c);   // loads in parallel
+#pragma unroll
+      for (int c = 0; c < AMK_RING_STAGES; c++) ring_issue_range(smem, c, r[c]);
+    }
     if (warp == NWARPS - 1 && i + 1 < qe) prefetch_task(tasks + qt[i + 1], A, lane);
     if (threadIdx.x == 0) {
       s_ok = wait_task(t, A, epoch) ? 1 : 0;
