@@ -70,3 +70,11 @@ def test_one_thousand_repeated_steps_are_identical():
         elif not torch.equal(logits, first):
             raise AssertionError("a repeated step gave a different result: a race")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_tiny_llama_generates_the_reference_tokens(backend):
+    from amk.models.presets import TINY_LLAMA
+    m = random_model(TINY_LLAMA, device="cuda", seed=5)
+    prompt = [3, 14, 15, 92, 65]
+    assert m.generate(prompt, 12, backend=backend) == m.generate(prompt, 12, backend="reference")
