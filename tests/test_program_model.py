@@ -136,3 +136,18 @@ def test_dump_ir_writes_every_stage_and_a_repro(tmp_path, monkeypatch):
     run = subprocess.run([sys.executable, str(d / "repro.py")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "valid" in run.stdout
+
+
+def test_debug_levels_print_pass_timings_then_the_schedule(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))          # no cache hit: the passes run
+    m = random_model(replace(TINY_LLAMA, n_layers=1), seed=3)
+    monkeypatch.setenv("AMK_DEBUG", "1")
+    low = m.lower(backend="reference")
+    err = capfd.readouterr().err
+    for name in low.programs:
+        assert f": {name} " in err, name
+    assert "schedule:" not in err
+    monkeypatch.setenv("AMK_DEBUG", "2")
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path / "2"))
+    random_model(replace(TINY_LLAMA, n_layers=1), seed=3).lower(backend="reference")
+    assert "[amk] schedule: " in capfd.readouterr().err

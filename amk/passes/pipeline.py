@@ -66,6 +66,9 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
             break
     if debug < 1:
         check(ir, name)
+    if debug >= 2:                       # the schedule summary
+        from amk.passes.stats import stats_line
+        print(f"[amk] schedule: {stats_line(ir, opts.target)}", file=sys.stderr)
     return stages
 
 
