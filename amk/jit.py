@@ -112,10 +112,10 @@ class Jitted:
             return BufferKind.WEIGHT
         return BufferKind.IO_INPUT
 
-    def _flatten(self, dyn):
+    def _flatten(self, dyn, with_paths: bool = True):
         leaves, paths, tds = [], [], []
         for name, val in dyn:
-            lv, ps, td = pytree.flatten(val, name)
+            lv, ps, td = pytree.flatten(val, name, with_paths=with_paths)
             leaves += lv
             paths += ps
             tds.append(td)
@@ -151,14 +151,14 @@ class Jitted:
 
     def _prepare(self, args, kwargs):
         dyn, static = self._split(args, kwargs)
-        leaves, paths, tds = self._flatten(dyn)
-        device = _device_of(leaves, paths)
+        leaves, _, tds = self._flatten(dyn, with_paths=False)     # paths: from the graph
+        device = _device_of(leaves, lambda: self._flatten(dyn)[1])
         backend = self.backend or _default_backend(device)
         key = self._key(dyn, static, leaves, tds, backend)
         low = self._cache.get(key)
         if low is None:
             low = self._cache[key] = self._lower(dyn, static, leaves, backend, device)
-        return low, key, leaves, paths, device, backend
+        return low, key, leaves, low.graph.input_paths, device, backend
 
     def lower(self, *args, **kwargs) -> Lowered:
         return self._prepare(args, kwargs)[0]
@@ -183,13 +183,14 @@ class Jitted:
         return pytree.unflatten(low.out_treedef, outs)
 
 
-def _device_of(leaves: Sequence[torch.Tensor], paths: Sequence[str]) -> torch.device:
+def _device_of(leaves: Sequence[torch.Tensor], paths: Callable[[], Sequence[str]]) -> torch.device:
     if not leaves:
         return torch.device("cpu")
     dev = leaves[0].device
-    for t, p in zip(leaves, paths):
+    for i, t in enumerate(leaves):
         if t.device != dev:
-            raise TraceError(f"amk.jit: {p} is on {t.device} but {paths[0]} is on {dev}; "
+            p = paths()
+            raise TraceError(f"amk.jit: {p[i]} is on {t.device} but {p[0]} is on {dev}; "
                              f"all arguments must be on one device")
     return dev
 

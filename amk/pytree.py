@@ -26,13 +26,22 @@ def _is_leaf(x: Any, is_leaf: Callable[[Any], bool] | None) -> bool:
     return isinstance(x, torch.Tensor) or (is_leaf is not None and is_leaf(x))
 
 
-def flatten(tree: Any, prefix: str = "", is_leaf: Callable[[Any], bool] | None = None):
-    """Returns (leaves, paths, treedef). Raises TraceError on a leaf that is not a tensor."""
+def flatten(tree: Any, prefix: str = "", is_leaf: Callable[[Any], bool] | None = None,
+            with_paths: bool = True):
+    """Returns (leaves, paths, treedef). Raises TraceError on a leaf that is not a tensor.
+    with_paths=False skips building the path strings (the per-call hot path of amk.jit); an
+    error then re-flattens with paths to say where."""
+    if not with_paths:
+        try:
+            return _flatten(tree, prefix, is_leaf, lambda p, k: p)
+        except TraceError:
+            pass
+    return _flatten(tree, prefix, is_leaf, lambda p, k: f"{p}.{k}" if p else str(k))
+
+
+def _flatten(tree: Any, prefix: str, is_leaf, join):
     leaves: list[Any] = []
     paths: list[str] = []
-
-    def join(p: str, k: Any) -> str:
-        return f"{p}.{k}" if p else str(k)
 
     def go(x: Any, path: str):
         if _is_leaf(x, is_leaf):
