@@ -30,8 +30,8 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("zero_begin", "int", 1),    # FUSED: scratch ranges zeroed before the steps run
     ("n_zero", "int", 1),
     ("task_id", "int", 1),       # Program task id (for error reports)
-    ("ck_begin", "int", 1),      # weight chunks streamed into the smem ring: ranges[ck_begin :
-    ("n_ck", "int", 1),          #   +n_ck] (the task's; its FUSED steps carry the same pair)
+    ("ck_begin", "int", 1),      # weight chunks this task takes from its CTA's weight stream:
+    ("n_ck", "int", 1),          #   ranges[ck_begin : +n_ck] (host bookkeeping; FUSED steps too)
     ("pad0", "int", 1),
     ("pad1", "int", 1),
     ("ip", "int", N_IP),
@@ -51,6 +51,7 @@ STATE_FIELDS = (("epoch", "unsigned", 1), ("done", "unsigned", 1), ("abort", "un
 FAULT_DEADLOCK = 1
 FAULT_KV_POS = 2        # KV_APPEND position outside the cache
 FAULT_EMBED_ID = 3      # token id outside the embedding table
+FAULT_STREAM = 4        # a weight-stream copy never completed (templates/common.cuh)
 
 _NP = {"int": np.int32, "unsigned": np.uint32, "float": np.float32,
        "unsigned long long": np.uint64}
@@ -70,7 +71,7 @@ STATE_DTYPE = np_dtype(STATE_FIELDS)
 # reads d.ip[P_<GROUP>_<NAME>]; the encoder writes by name. Opcodes sharing a kernel share a group.
 IP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_CS", "B_RS", "B_CS", "KIND"),
-    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "CK0"),
+    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC"),
     "NORM": ("ROWS", "H"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
@@ -116,7 +117,7 @@ def render_header() -> str:
     out += [f"#define DT_{d.name} {int(d)}\n" for d in DType]
     out += [f"#define EW_{k} {i}\n" for i, k in enumerate(EW_KINDS)]
     out += [f"#define FAULT_DEADLOCK {FAULT_DEADLOCK}\n", f"#define FAULT_KV_POS {FAULT_KV_POS}\n",
-            f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n"]
+            f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_STREAM {FAULT_STREAM}\n"]
     for g, names in IP_SLOTS.items():
         out += [f"#define P_{g}_{n} {i}\n" for i, n in enumerate(names)]
     for g, names in FP_SLOTS.items():
@@ -136,5 +137,7 @@ ARGS_FIELDS = (("tasks", "unsigned long long", 1), ("waits", "unsigned long long
                ("counters", "unsigned long long", 1), ("state", "unsigned long long", 1),
                ("errs", "unsigned long long", 1), ("watchdog_ns", "unsigned long long", 1),
                ("n_queues", "unsigned long long", 1),
-               ("prof", "unsigned long long", 1))        # AMK_PROFILE: u64 [queue entries][4]
+               ("prof", "unsigned long long", 1),        # AMK_PROFILE: u64 [queue entries][4]
+               ("stream", "unsigned long long", 1),      # RangeDesc per weight-stream chunk,
+               ("stream_off", "unsigned long long", 1))  #   CTA b's: [stream_off[b], [b+1])
 ARGS_DTYPE = np_dtype(ARGS_FIELDS)

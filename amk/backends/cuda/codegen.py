@@ -22,9 +22,11 @@ NTHREADS = 512
 MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
 GEMV_SMEM = 64 * 1024            # x staged as fp32 (lower.XS_MAX floats)
 ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
-RING_STAGES = 4                  # the weight ring (templates/common.cuh) after that region
+RING_STAGES = 4                  # the weight stream's stages (templates/common.cuh) after that
 RING_OFF = max(GEMV_SMEM, ATTN_SMEM)
-SMEM_BYTES = RING_OFF + RING_STAGES * CHUNK_BYTES
+STREAM_WIN = 128                 # stream entries per half of the smem window (16 B each)
+WIN_OFF = RING_OFF + RING_STAGES * CHUNK_BYTES
+SMEM_BYTES = WIN_OFF + 2 * STREAM_WIN * 16        # 196 KiB of the 227 KiB a CTA may have
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,7 +53,8 @@ def render_lowered(low: Lowered) -> str:
     from amk import knobs
     parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {NTHREADS}\n#define AMK_RING_OFF {RING_OFF}\n"
-             f"#define AMK_RING_STAGES {RING_STAGES}\n#define AMK_CHUNK {CHUNK_BYTES}\n",
+             f"#define AMK_RING_STAGES {RING_STAGES}\n#define AMK_CHUNK {CHUNK_BYTES}\n"
+             f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n",
              abi.render_header()]
     if knobs.profile():
         parts.insert(2, "#define AMK_PROFILE 1\n")

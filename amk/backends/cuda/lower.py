@@ -27,7 +27,7 @@ RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.B
                                          DType.U8)}}
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 XS_MAX = 16384          # floats of x a GEMV stages in shared memory (64 KiB); K must fit
-CHUNK_BYTES = 32768     # one stage of the weight ring (codegen.RING_STAGES of them in smem)
+CHUNK_BYTES = 32768     # one stage of the weight stream (codegen.RING_STAGES of them in smem)
 HD_MAX = 256            # largest attention head_dim the templates handle
 SCRATCH_ALIGN = 256
 
@@ -64,7 +64,7 @@ class Encoded:
     fp: dict[str, float] = field(default_factory=dict)
     group: str = ""
     prefetch: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)  # (ref, off, n)
-    chunks: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)    # smem ring
+    chunks: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)    # weight stream
 
 
 @dataclass
@@ -77,6 +77,8 @@ class Lowered:
     ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): prefetch + zero
     scratch_bytes: int
     queues: list[list[int]]              # per-CTA task ids (program order within a queue)
+    stream: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # range indices
+    stream_off: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int32))  # per CTA
 
 
 class _Err(CompileError):
@@ -225,8 +227,9 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
     has_bias = not quant and len(ins) > 2
     row_bytes = ldw * w.esize
-    # Float weights of a read-only buffer, batch 1: stream the tile through the smem ring in
-    # chunks of whole rows (cp.async, issued before the task's counter wait).
+    # Float weights of a read-only buffer, batch 1: the tile's rows come through the CTA's
+    # weight stream (shared memory, bulk copies running ahead across task boundaries) in chunks
+    # of whole rows, each one contiguous byte range.
     from amk import knobs
     ring = (knobs.gemv_ring() and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= CHUNK_BYTES
             and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
@@ -560,13 +563,11 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         return d
 
     def chunk_list(encs: list[Encoded]) -> tuple[int, int]:
-        """Append the tasks' ring chunks (step by step) to ranges; each step learns its first."""
+        """Append the task's stream chunks (in step order: the order its GEMVs consume them)."""
         begin, n = len(ranges), 0
         for enc in encs:
-            if enc.chunks:
-                enc.ip["CK0"] = n
-                ranges.extend(enc.chunks)
-                n += len(enc.chunks)
+            ranges.extend(enc.chunks)
+            n += len(enc.chunks)
         return begin, n
 
     for t in program.tasks:
@@ -625,6 +626,23 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
     for i, (c, th, st) in enumerate(waits):
         wt[i]["counter"], wt[i]["threshold"], wt[i]["stride"] = c, th & 0xFFFFFFFF, st
+    queues = _queues(program, n_ctas)
+    stream, stream_off = _weight_streams(table, queues)
     return Lowered(variants=list(variants), tasks=table, n_program_tasks=n_prog, waits=wt,
                    ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2), ranges=ranges,
-                   scratch_bytes=scratch, queues=_queues(program, n_ctas))
+                   scratch_bytes=scratch, queues=queues, stream=stream, stream_off=stream_off)
+
+
+def _weight_streams(table: np.ndarray, queues: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per CTA, its tasks' weight chunks in queue order: the order its GEMVs consume them, so
+    the device can copy any number of chunks ahead without looking at the tasks."""
+    idx: list[int] = []
+    off = [0]
+    for q in queues:
+        for tid in q:
+            b, n = int(table[tid]["ck_begin"]), int(table[tid]["n_ck"])
+            idx.extend(range(b, b + n))
+        off.append(len(idx))
+    if off[-1] >= 2 ** 31:
+        _fail(None, f"{off[-1]} weight-stream chunks overflow the 32-bit stream offsets")
+    return np.array(idx, dtype=np.int64), np.array(off, dtype=np.int32)

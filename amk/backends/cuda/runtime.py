@@ -101,6 +101,8 @@ class CudaProgram:
         self.queue_off = _dev_tensor(qo, dev)
         self.ptrs_dev = torch.zeros(max(len(low.ptr_refs), 1), dtype=torch.int64, device=dev)
         self.ranges_dev = torch.zeros(max(len(low.ranges), 1) * 2, dtype=torch.int64, device=dev)
+        self.stream_dev = torch.zeros(max(len(low.stream), 1) * 2, dtype=torch.int64, device=dev)
+        self.stream_off = _dev_tensor(low.stream_off.astype(np.int32), dev)
         n_entries = max(len(qt), 1)
         self.prof = (torch.zeros(n_entries * 4, dtype=torch.int64, device=dev)
                      if "#define AMK_PROFILE" in self.source else None)
@@ -130,11 +132,14 @@ class CudaProgram:
                 a = base[ident] if kind == REF_BUFFER else sbase + np.uint64(ident)
                 rng[i]["addr"], rng[i]["bytes"] = np.uint64(a) + np.uint64(off), n
             self.ranges_dev.copy_(torch.from_numpy(rng.view(np.int64)))
+            if len(low.stream):       # each CTA's weight-stream chunks, in the order it takes them
+                self.stream_dev.copy_(torch.from_numpy(rng[low.stream].view(np.int64)))
         args = np.zeros(1, dtype=abi.ARGS_DTYPE)
         for name, t in (("tasks", self.tasks_dev), ("waits", self.waits_dev),
                         ("ptrs", self.ptrs_dev), ("ranges", self.ranges_dev),
                         ("queue_tasks", self.queue_tasks), ("queue_off", self.queue_off),
-                        ("counters", self.counters), ("state", self.state), ("errs", self.errs)):
+                        ("counters", self.counters), ("state", self.state), ("errs", self.errs),
+                        ("stream", self.stream_dev), ("stream_off", self.stream_off)):
             args[0][name] = t.data_ptr()
         args[0]["watchdog_ns"] = int(knobs.watchdog_s() * 1e9)
         args[0]["n_queues"] = self.grid
@@ -201,6 +206,10 @@ class CudaProgram:
             return
         self._poisoned = True
         code, task, value = int(st["fault"]), int(st["fault_task"]), int(st["fault_value"])
+        if code == abi.FAULT_STREAM:
+            raise BackendUnavailable(
+                f"megakernel fault: a weight-stream copy did not land within AMK_WATCHDOG_S "
+                f"(CTA chunk {value}); run with AMK_GEMV_RING=0 and report the program")
         if code == abi.FAULT_DEADLOCK or int(st["abort"]):
             raise DeadlockError(self._deadlock_report())
         name = self._task_name(task)

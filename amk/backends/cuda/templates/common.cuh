@@ -132,36 +132,106 @@ __device__ __forceinline__ void raise_fault(KernelState* st, int code, int task,
   if (atomicCAS((int*)&st->fault, 0, code) == 0) { st->fault_task = task; st->fault_value = value; }
 }
 
-// ---- the weight ring: GEMV weight chunks stream global -> shared with cp.async (16 B each,
-// L1 bypassed). A task's chunks (ranges[ck_begin : +n_ck]) go to stage c % RING_STAGES; the
-// scheduler issues the first RING_STAGES before the task's counter wait, each GEMV refills the
-// stage it just consumed. One commit group per chunk slot (empty past the end), so chunk c is
-// always complete after cp.async.wait_group RING_STAGES-1. Warp 0 issues no copies: its
-// thread 0 spins and fences on counters and must not wait for these.
-__shared__ unsigned long long amk_s_ranges;      // A.ranges, set once per launch
+// ---- the weight stream: per CTA, the float GEMV weight chunks of its whole queue, in queue
+// order, are ONE stream (A.stream[stream_off[b] : stream_off[b+1]], RangeDesc entries built on
+// the host). Chunk j lands in stage j % RING_STAGES by the bulk-copy engine (one
+// cp.async.bulk per chunk, completing on that stage's mbarrier, phase parity (j / STAGES) & 1).
+// One thread (AMK_ISSUER, not thread 0: thread 0 spins and fences on counters) issues; it
+// refills a stage right after the barrier that follows the consumers' reads of it, with the
+// next chunk of the stream whichever later task that chunk belongs to, so the next tasks'
+// weights are in shared memory while their counters are still being waited on. The stream's
+// entries themselves come into a 2 x AMK_WIN-entry smem window by bulk copies requested a whole
+// half ahead: no chunk ever waits for its own descriptor.
+#define AMK_ISSUER 32
+struct StreamState {
+  unsigned n, issued, consumed, dead;            // chunks in this CTA's stream; issued; consumed
+  unsigned win_req, win_done, pad0, pad1;        // window halves requested / waited
+  unsigned long long src, watchdog_ns;           // this CTA's first entry (global), watchdog
+  KernelState* st;
+};
+__shared__ StreamState amk_ss;
+__shared__ __align__(8) unsigned long long amk_full[AMK_RING_STAGES];   // one mbarrier per stage
+__shared__ __align__(8) unsigned long long amk_winbar[2];               // one per window half
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   unsigned r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
   return r;
 }
-// The chunk's range: read it early (its load latency then hides behind other work).
-__device__ __forceinline__ RangeDesc ring_range(const TaskDesc& d, int c) {
-  RangeDesc r; r.addr = 0; r.bytes = 0;
-  if (c < d.n_ck && threadIdx.x >= 32) r = ((const RangeDesc*)amk_s_ranges)[d.ck_begin + c];
-  return r;
+__device__ __forceinline__ void mbar_init(unsigned long long* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(b)), "r"(count) : "memory");
 }
-__device__ __forceinline__ void ring_issue_range(char* smem, int c, RangeDesc r) {
-  if (r.bytes != 0) {
-    const unsigned long long src = r.addr, n = r.bytes;
-    const unsigned dst = smem_u32(smem + AMK_RING_OFF + (c % AMK_RING_STAGES) * AMK_CHUNK);
-    for (unsigned long long o = (threadIdx.x - 32) * 16ull; o < n; o += (NT - 32) * 16ull)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst + (unsigned)o), "l"(src + o) : "memory");
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* b, unsigned parity) {
+  unsigned ok;
+  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(ok) : "r"(smem_u32(b)), "r"(parity) : "memory");
+  return ok != 0;
+}
+// Wait for phase `parity` of b to complete. A copy that never lands (a bug, never a schedule
+// property: copies depend on nothing) raises FAULT_STREAM after the watchdog instead of hanging.
+__device__ __noinline__ bool mbar_wait_slow(unsigned long long* b, unsigned parity) {
+  const unsigned long long t0 = global_timer();
+  for (;;) {
+    if (mbar_try_wait(b, parity)) return true;
+    if (amk_ss.dead || global_timer() - t0 > amk_ss.watchdog_ns) {
+      amk_ss.dead = 1;
+      raise_fault(amk_ss.st, FAULT_STREAM, -1, (int)amk_ss.consumed);
+      atomicExch(&amk_ss.st->abort, 1u);
+      return false;
+    }
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
 }
-__device__ __forceinline__ void ring_issue(char* smem, const TaskDesc& d, int c) {
-  ring_issue_range(smem, c, ring_range(d, c));
+__device__ __forceinline__ bool mbar_wait(unsigned long long* b, unsigned parity) {
+  return mbar_try_wait(b, parity) || mbar_wait_slow(b, parity);
 }
-__device__ __forceinline__ void ring_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(AMK_RING_STAGES - 1) : "memory");
+// global -> shared by the bulk-copy engine (16-byte aligned addresses and size), completing
+// `bytes` of b's transaction count. A 1-CTA cluster is implicit, so shared::cluster is ours.
+__device__ __forceinline__ void bulk_g2s(const void* dst, unsigned long long src, unsigned bytes,
+                                         unsigned long long* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ const RangeDesc* stream_window(const char* smem) {
+  return (const RangeDesc*)(smem + AMK_WIN_OFF);
+}
+__device__ __forceinline__ char* stream_stage(char* smem, unsigned j) {
+  return smem + AMK_RING_OFF + (j % AMK_RING_STAGES) * AMK_CHUNK;
+}
+// AMK_ISSUER: window half `blk & 1` <- stream entries [blk * AMK_WIN, +AMK_WIN).
+__device__ __forceinline__ void stream_win_request(char* smem, unsigned blk) {
+  const unsigned first = blk * AMK_WIN, left = amk_ss.n - first;
+  const unsigned cnt = left < AMK_WIN ? left : AMK_WIN;
+  unsigned long long* b = &amk_winbar[blk & 1];
+  mbar_expect_tx(b, cnt * 16u);
+  bulk_g2s(smem + AMK_WIN_OFF + (blk & 1) * AMK_WIN * 16, amk_ss.src + first * 16ull, cnt * 16u, b);
+  amk_ss.win_req = blk + 1;
+}
+// AMK_ISSUER: fill every free stage with the stream's next chunks.
+__device__ void stream_top_up(char* smem) {
+  unsigned j = amk_ss.issued;
+  const unsigned lim = amk_ss.consumed + AMK_RING_STAGES < amk_ss.n ? amk_ss.consumed + AMK_RING_STAGES : amk_ss.n;
+  for (; j < lim; j++) {
+    if (j % AMK_WIN == 0) {                       // first entry of a window half: it is loaded
+      const unsigned blk = j / AMK_WIN;           // (requested AMK_WIN chunks ago), and the other
+      if (!mbar_wait(&amk_winbar[blk & 1], (blk >> 1) & 1)) break;    // half is free for the next
+      amk_ss.win_done = blk + 1;
+      if ((blk + 1) * AMK_WIN < amk_ss.n) stream_win_request(smem, blk + 1);
+    }
+    const RangeDesc r = stream_window(smem)[j % (2 * AMK_WIN)];
+    unsigned long long* b = &amk_full[j % AMK_RING_STAGES];
+    mbar_expect_tx(b, (unsigned)r.bytes);
+    bulk_g2s(stream_stage(smem, j), r.addr, (unsigned)r.bytes, b);
+  }
+  amk_ss.issued = j;
+}
+// Every thread: chunk j is in its stage (then readable by this thread).
+__device__ __forceinline__ const char* stream_acquire(char* smem, unsigned j) {
+  mbar_wait(&amk_full[j % AMK_RING_STAGES], (j / AMK_RING_STAGES) & 1u);
+  return stream_stage(smem, j);
+}
+// Call after a __syncthreads that follows every read of chunk j: its stage takes the next chunk.
+__device__ __forceinline__ void stream_release(char* smem, unsigned j) {
+  if (threadIdx.x == AMK_ISSUER) { amk_ss.consumed = j + 1; stream_top_up(smem); }
 }

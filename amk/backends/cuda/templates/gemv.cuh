@@ -146,17 +146,19 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   }
 }
 
-// The same GEMV for float weights at batch 1, reading the weight tile from the smem ring
-// (see ring_issue): chunk j of this step holds rows [j*RPC, +RPC) of the tile, whole rows of
-// LDW elements. Few rows per chunk: several warps share a row (WPR), their partial sums meet
-// in part_s in a fixed order (deterministic). acc_s (after x in smem) holds the tile's sums.
+// The same GEMV for float weights at batch 1, its weight tile taken from the CTA's weight
+// stream (common.cuh): the tile's chunks are the stream's next n_chunks, chunk j holding rows
+// [j*RPC, +RPC) of the tile, whole rows of LDW elements, already in shared memory or on their
+// way since before this task's counter wait. Every warp works on every chunk: warps per row
+// WPR = NWARPS / rows, each a fixed slice of the row; the slices' sums meet in part_s in a fixed
+// order (bit-identical across steps). acc_s (after x in smem) holds the tile's sums.
 template <class TX, class TW, class TY, class TS, bool BIAS>
 __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
   constexpr int VW = VecN<TW>::N;
-  __shared__ float part_s[NWARPS];
+  __shared__ float part_s[2][NWARPS];          // by chunk parity: one barrier per chunk suffices
   const int Kd = d.ip[P_GEMV_K];
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
-  const int rpc = d.ip[P_GEMV_RPC], ck0 = d.ip[P_GEMV_CK0];
+  const int rpc = d.ip[P_GEMV_RPC];
   const int row_bytes = d.ip[P_GEMV_LDW] * (int)sizeof(TW);
   const TX* x = (const TX*)P[0];
   const TS* bias = (const TS*)P[d.n_in > 2 ? 2 : 1];
@@ -165,23 +167,23 @@ __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
   float* acc_s = xs + Kd;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nv = Kd / VW;
+  const unsigned j0 = amk_ss.consumed;         // read before the first barrier below
   for (int i = threadIdx.x; i < Kd; i += NT) xs[i] = to_f(x[i]);
   for (int i = threadIdx.x; i < n_tile; i += NT) acc_s[i] = 0.f;
+  __syncthreads();
   const int n_chunks = (n_tile + rpc - 1) / rpc;
-  for (int j = 0; j < n_chunks; j++) {
-    const int c = ck0 + j, r0 = j * rpc;
+  for (int c = 0; c < n_chunks; c++) {
+    const int r0 = c * rpc;
     const int nr = n_tile - r0 < rpc ? n_tile - r0 : rpc;
-    const RangeDesc refill = ring_range(d, c + AMK_RING_STAGES);   // in flight during the wait
-    ring_wait();
-    __syncthreads();
-    const char* stage = smem + AMK_RING_OFF + (c % AMK_RING_STAGES) * AMK_CHUNK;
     const int wpr = nr >= NWARPS ? 1 : NWARPS / nr;        // warps per row
+    float* part = part_s[c & 1];
+    const char* stage = stream_acquire(smem, j0 + c);
     for (int r = warp / wpr; r < nr && warp < wpr * (nr < NWARPS ? nr : NWARPS); r += NWARPS / wpr) {
-      const int part = warp % wpr;
+      const int slice = warp % wpr;
       const char* wrow = stage + (long long)r * row_bytes;
       float a = 0.f;
 #pragma unroll 4
-      for (int v = part * 32 + lane; v < nv; v += wpr * 32) {
+      for (int v = slice * 32 + lane; v < nv; v += wpr * 32) {
         float wf[VW];
         unpack(*(const uint4*)(wrow + v * 16), wf, (TW*)0);
         const float4* xv = (const float4*)(xs + v * VW);
@@ -194,14 +196,14 @@ __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
       a = warp_sum(a);
       if (lane == 0) {
         if (wpr == 1) acc_s[r0 + r] += a;
-        else part_s[warp] = a;
+        else part[warp] = a;
       }
     }
-    __syncthreads();                                  // stage and part_s fully read / written
-    ring_issue_range(smem, c + AMK_RING_STAGES, refill);
+    __syncthreads();                                  // the stage and part fully read / written
+    stream_release(smem, j0 + c);
     if (wpr > 1 && threadIdx.x < nr) {
       float s = 0.f;
-      for (int p = 0; p < wpr; p++) s += part_s[threadIdx.x * wpr + p];
+      for (int p = 0; p < wpr; p++) s += part[threadIdx.x * wpr + p];
       acc_s[r0 + threadIdx.x] += s;
     }
   }

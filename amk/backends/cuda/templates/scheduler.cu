@@ -1,5 +1,7 @@
-// The persistent scheduler: one CTA per SM walks its static queue. For each task it prefetches
-// the NEXT task's weights into L2 (weights never depend on activations), waits on the task's
+// The persistent scheduler: one CTA per SM walks its static queue. For each task it tops up the
+// CTA's weight stream (GEMV weight chunks of this and later tasks into shared memory, see
+// common.cuh) and prefetches the NEXT task's weights into L2 (weights never depend on
+// activations) before it waits on the task's
 // counters (thread 0 spins with __nanosleep backoff; a wait with no progress for watchdog_ns
 // aborts every CTA and names the task), runs the task's device function, then publishes
 // completion (fence + atomic add). Counters are monotonic: wait i needs
@@ -75,7 +77,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
   const unsigned epoch = ld_volatile(&st->epoch);
   const int qb = qo[blockIdx.x], qe = qo[blockIdx.x + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) amk_s_ranges = A.ranges;
+  if (threadIdx.x == AMK_ISSUER) {
+    const unsigned* so = (const unsigned*)A.stream_off;
+    const unsigned sb = so[blockIdx.x];
+    amk_ss.n = so[blockIdx.x + 1] - sb; amk_ss.issued = 0; amk_ss.consumed = 0; amk_ss.dead = 0;
+    amk_ss.win_req = 0; amk_ss.win_done = 0;
+    amk_ss.src = A.stream + sb * 16ull; amk_ss.watchdog_ns = A.watchdog_ns; amk_ss.st = st;
+    for (int s = 0; s < AMK_RING_STAGES; s++) mbar_init(&amk_full[s], 1);
+    mbar_init(&amk_winbar[0], 1); mbar_init(&amk_winbar[1], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    if (amk_ss.n > 0) stream_win_request(smem, 0);
+  }
   __syncthreads();
   // L2 prefetch from the last warp: thread 0 (warp 0) fences after its counter waits, and a
   // fence would wait for these bulk prefetches too.
@@ -89,13 +101,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[4 * i] = global_timer();
 #endif
-    if (warp != 0 && t->n_ck > 0) {     // this task's first weight chunks, before its wait
-      RangeDesc r[AMK_RING_STAGES];
-#pragma unroll
-      for (int c = 0; c < AMK_RING_STAGES; c++) r[c] = ring_range(*t, c);   // loads in parallel
-#pragma unroll
-      for (int c = 0; c < AMK_RING_STAGES; c++) ring_issue_range(smem, c, r[c]);
-    }
+    if (threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
     if (warp == NWARPS - 1 && i + 1 < qe) prefetch_task(tasks + qt[i + 1], A, lane);
     if (threadIdx.x == 0) {
       s_ok = wait_task(t, A, epoch) ? 1 : 0;
@@ -131,7 +137,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
     }
 #endif
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  if (threadIdx.x == AMK_ISSUER) {   // an aborted queue leaves copies in flight: let them land
+    for (unsigned j = amk_ss.consumed; j < amk_ss.issued; j++)
+      mbar_wait(&amk_full[j % AMK_RING_STAGES], (j / AMK_RING_STAGES) & 1u);
+    for (unsigned b = amk_ss.win_done; b < amk_ss.win_req; b++) mbar_wait(&amk_winbar[b & 1], (b >> 1) & 1u);
+  }
   if (threadIdx.x == 0 && !aborted) {
     __threadfence();
     const unsigned old = atomicAdd(&st->done, 1u);
