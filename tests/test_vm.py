@@ -383,3 +383,15 @@ def test_a_partial_threshold_still_waits_on_later_steps():
         for step in range(3):
             vm.run({"x": rnd(1, 4)})
             assert vm.last_stats.exec_order.index(2) >= 1, (seed, step, vm.last_stats.exec_order)
+
+
+def test_subnormals_flush_to_zero_inside_the_vm_only():
+    """The VM flushes subnormals (x86 microcode for each one made real decode steps ~30x
+    slower); the caller's arithmetic outside run() is untouched."""
+    b = Builder()
+    x = b.buf("x", BK.IO_INPUT, (1, 2))
+    y = b.buf("y", BK.IO_OUTPUT, (1, 2))
+    b.task(K.MUL, [x], [y], {"scale": 1e-10})
+    (got,) = ReferenceVM(b.build([y])).run({"x": torch.tensor([[1e-30, 1.0]])})
+    assert got[0, 0].item() == 0.0 and got[0, 1].item() == pytest.approx(1e-10)
+    assert (torch.tensor([1e-30]) * 1e-10).item() > 0       # outside: subnormals as usual

@@ -12,6 +12,12 @@ from amk.program.ir import InstructionKind as K
 
 
 def interpret(graph: Graph, bindings: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    from amk.backends.reference.semantics_common import flush_subnormals
+    with flush_subnormals():       # the same arithmetic as the VM
+        return _interpret(graph, bindings)
+
+
+def _interpret(graph: Graph, bindings: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
     from amk.backends.reference.semantics import RefCtx, semantics_for
     env: dict[int, torch.Tensor] = {v.id: bindings[p] for v, p in zip(graph.inputs, graph.input_paths)}
     ctx = RefCtx()

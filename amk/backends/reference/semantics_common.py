@@ -1,9 +1,25 @@
 """Small helpers shared by the reference semantics modules."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from amk.errors import ValidationError
+
+
+@contextmanager
+def flush_subnormals():
+    """Flush float subnormals to zero on the CPU while the reference computes. A softmax over a
+    peaked attention row yields subnormal tails (exp(-100)); x86 handles each one in microcode,
+    which made a SmolLM2 step ~30x slower (3.6 s instead of 0.12 s). Values below 1.2e-38 are
+    invisible next to a softmax normaliser >= 1, so results are unchanged in practice."""
+    supported = torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if supported:                  # back to the default (there is no getter to restore)
+            torch.set_flush_denormal(False)
 
 
 def f32(t: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from amk.errors import BackendUnavailable, DeadlockError, TraceError, Validation
 from amk.program.ir import BufferKind, InstructionKind, Program
 
 from amk.backends.reference.semantics import RefCtx, semantics_for
+from amk.backends.reference.semantics_common import flush_subnormals
 from amk.backends.reference.semantics_fused import check_recipe
 
 ORDERS = ("program", "random", "queues")
@@ -191,7 +192,8 @@ class ReferenceVM:
         self.last_stats = stats
         t0 = time.perf_counter()
         try:
-            self._schedule(epoch, stats.exec_order, t0)
+            with flush_subnormals():
+                self._schedule(epoch, stats.exec_order, t0)
         except BaseException as e:
             self._broken = f"step {epoch}: {type(e).__name__}"
             raise
