@@ -87,3 +87,53 @@ def test_malformed_recipe_is_refused():
         {"op": int(InstructionKind.COPY), "args": [{"s": 3}], "out": "final"}]}})
     with pytest.raises(CompileError, match="scratch"):
         render(b.program())
+
+
+def _stream_program():
+    """Two plain GEMV tiles and a fused gate/up-like task (two GEMVs) on 2 queues."""
+    b = examples.Builder()
+    x = b.buf("x", examples.BK.IO_INPUT, DType.BF16, (1, 2048))
+    w = b.buf("w", examples.BK.WEIGHT, DType.BF16, (64, 2048))
+    u = b.buf("u", examples.BK.WEIGHT, DType.BF16, (64, 2048))
+    y = b.buf("y", examples.BK.IO_OUTPUT, DType.BF16, (1, 64))
+    z = b.buf("z", examples.BK.IO_OUTPUT, DType.BF16, (1, 64))
+    b.task(InstructionKind.GEMV_TILE, [x, w], [y], {"n_off": 0, "N_tile": 20, "K": 2048})
+    b.task(InstructionKind.GEMV_TILE, [x, w], [y], {"n_off": 20, "N_tile": 44, "K": 2048})
+    steps = [{"op": int(InstructionKind.GEMV_TILE), "args": [{"in": 0}, {"in": i}], "out": i - 1,
+              "params": {"n_off": 8, "N_tile": 16, "K": 2048}, "out_shape": [1, 64],
+              "out_dtype": "bfloat16"} for i in (1, 2)]
+    steps.append({"op": int(InstructionKind.SILU_MUL), "args": [{"s": 0}, {"s": 1}], "out": "final",
+                  "params": {"n_off": 8, "N_tile": 16}})
+    b.task(InstructionKind.FUSED, [x, w, u], [z], {"recipe": {"steps": steps}})
+    return b.program([[2, 0], [1]]), w, u
+
+
+def test_weight_stream_is_each_queues_chunks_in_the_order_its_gemvs_take_them(monkeypatch):
+    monkeypatch.setenv("AMK_GEMV_RING", "1")
+    prog, w, u = _stream_program()
+    low = lower_program(prog)
+    assert all(v.startswith("op_gemv_ring<") for v in low.variants if "gemv" in v)
+    row = 2048 * 2                                    # 8 whole rows per 32 KiB chunk
+
+    def tile(buf, lo, n):                             # (buffer, byte offset, bytes) per chunk
+        return [(buf, (lo + r) * row, min(8, n - r) * row) for r in range(0, n, 8)]
+    want = [tile(w, 8, 16) + tile(u, 8, 16) + tile(w, 0, 20), tile(w, 20, 44)]
+    off = low.stream_off.tolist()
+    assert off == [0, len(want[0]), len(want[0]) + len(want[1])]
+    for q in range(2):
+        got = [(low.ranges[i][0][1], low.ranges[i][1], low.ranges[i][2])
+               for i in low.stream[off[q]:off[q + 1]]]
+        assert got == want[q]
+    monkeypatch.setenv("AMK_GEMV_RING", "0")
+    low0 = lower_program(prog)
+    assert len(low0.stream) == 0 and low0.stream_off.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("ring", ["0", "1"])
+def test_all_cases_compile_with_the_weight_stream_on_and_off(cache, monkeypatch, ring):
+    monkeypatch.setenv("AMK_GEMV_RING", ring)
+    src = render(examples.combined_program())
+    assert ("op_gemv_ring<" in src) == (ring == "1")
+    res = compile_source(src, "sm_90a")
+    static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
+    assert codegen.SMEM_BYTES + static <= 227 * 1024, "over the 227 KiB a CTA may have"
