@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     rows = exe.profile()
     prog = step.lower(*args).program
     s = summarise(prog, rows)
+    print(f"AMK_GEMV_RING={os.environ.get('AMK_GEMV_RING', '')!r} (weight stream), "
+          f"{len(exe.lowered.stream)} streamed chunks")
     print(f"context {a.context}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")
     print_summary(s, cfg.n_layers // 2)
