@@ -61,5 +61,6 @@ def gemv_ring() -> bool:
     """AMK_GEMV_RING=1: the CUDA backend streams float batch-1 GEMV weight tiles through shared
     memory: per CTA, the weight chunks of its whole queue form one stream that the bulk-copy
     engine keeps RING_STAGES chunks ahead of the GEMVs, across task boundaries (so the next
-    tasks' weights land while their counters are waited on). 0: direct 16-byte loads."""
+    tasks' weights land while their counters are waited on). 0: direct 16-byte loads.
+    Opt-in: correct, but measured slower than the direct loads on an H200 (bench/NOTES.md, v3)."""
     return _int("AMK_GEMV_RING", 0) != 0

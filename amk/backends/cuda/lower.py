@@ -247,7 +247,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
         e.ip["RPC"] = rpc
         e.chunks = [(w.ref, (n_off + r) * row_bytes, min(rpc, n_tile - r) * row_bytes)
                     for r in range(0, n_tile, rpc)]
-    _weight_prefetch(w, n_off * row_bytes, n_tile * row_bytes, e)
+    if not ring:     # streamed tiles are not L2-prefetched: the prefetch shares the SM's bulk-
+        _weight_prefetch(w, n_off * row_bytes, n_tile * row_bytes, e)   # copy unit (NOTES v4)
     if quant:
         sb = ngroups * ins[2].esize
         _weight_prefetch(ins[2], n_off * sb, n_tile * sb, e)
