@@ -66,7 +66,9 @@ class DType(enum.IntEnum):
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.torch).element_size()
+        if self is DType.I4:
+            return self.torch          # raises: I4 is a code, its storage is U8
+        return _ITEMSIZE[self]
 
     @property
     def short(self) -> str:
@@ -91,6 +93,7 @@ _TO_TORCH = {
     DType.I64: torch.int64,
 }
 _FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
+_ITEMSIZE = {k: torch.empty((), dtype=v).element_size() for k, v in _TO_TORCH.items()}
 
 
 class BufferKind(enum.IntEnum):
