@@ -137,3 +137,52 @@ def test_all_cases_compile_with_the_weight_stream_on_and_off(cache, monkeypatch,
     res = compile_source(src, "sm_90a")
     static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
     assert codegen.SMEM_BYTES + static <= 227 * 1024, "over the 227 KiB a CTA may have"
+
+
+def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_all_pointers():
+    """1B-shaped layer: column-tile scratch that is read only inside its tile is not zeroed,
+    norm -> GEMV chains hand x over in shared memory, and each task's pointers (its own, then
+    its steps') are one contiguous run of n_ptr_all entries (the scheduler copies them at once)."""
+    from dataclasses import replace
+    from amk.models.presets import LLAMA_3_2_1B, random_model
+    from amk.program.ir import InstructionKind as K
+    prog = random_model(replace(LLAMA_3_2_1B, max_seq=160, n_layers=1), device="meta") \
+        .lower(backend="cuda").program
+    low = lower_program(prog)
+    gi, ni = abi.ip_index("GEMV", "XS_READY"), abi.ip_index("NORM", "TO_SMEM")
+    seen = set()
+    for t in prog.tasks:
+        d = low.tasks[t.id]
+        if t.op != K.FUSED:
+            assert d["n_ptr_all"] == d["n_in"] + d["n_out"]
+            continue
+        ops = tuple(K(int(s["op"])) for s in t.params["recipe"]["steps"])
+        seen.add(ops)
+        assert d["n_zero"] == 0, ops
+        subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
+        end = d["ptr_begin"] + d["n_in"] + d["n_out"]
+        for s in subs:                                   # contiguous, in step order
+            assert s["ptr_begin"] == end
+            end += s["n_in"] + s["n_out"]
+        assert d["n_ptr_all"] == end - d["ptr_begin"]
+        if ops[0] == K.RMSNORM and ops[1] == K.GEMV_TILE:
+            assert subs[0]["ip"][ni] == 1
+            assert all(s["ip"][gi] == 1 for s, o in zip(subs, ops) if o == K.GEMV_TILE)
+        else:
+            assert all(s["ip"][gi] == 0 for s, o in zip(subs, ops) if o == K.GEMV_TILE)
+    assert (K.GEMV_TILE, K.ADD) in seen and (K.ROPE, K.ATTENTION_TILE) in seen
+    assert (K.RMSNORM, K.GEMV_TILE, K.GEMV_TILE, K.SILU_MUL) in seen
+
+
+def test_a_scratch_read_outside_its_tile_is_still_zeroed():
+    """A GEMV tile whose scratch a later GEMV reads whole (as x) keeps its zeroing."""
+    from amk.backends.cuda.lower import View, REF_SCRATCH, Encoded, _tile_reads_only
+    s = View((1, 64), DType.F32, (REF_SCRATCH, 0))
+    x = View((1, 64), DType.F32, (0, 1))
+    tile = Encoded(int(InstructionKind.GEMV_TILE), "", ip=dict(N_OFF=0, N_TILE=16, M=1, K=64))
+    whole = Encoded(int(InstructionKind.GEMV_TILE), "", ip=dict(N_OFF=0, N_TILE=64, M=1, K=64))
+    add_in = Encoded(int(InstructionKind.ADD), "", ip=dict(C0=0, C1=16))
+    add_out = Encoded(int(InstructionKind.ADD), "", ip=dict(C0=0, C1=32))
+    assert _tile_reads_only([(tile, [x], [s]), (add_in, [x, s], [x])], s.ref)
+    assert not _tile_reads_only([(tile, [x], [s]), (add_out, [x, s], [x])], s.ref)
+    assert not _tile_reads_only([(tile, [x], [s]), (whole, [s], [x])], s.ref)

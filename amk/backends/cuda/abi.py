@@ -32,8 +32,8 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("task_id", "int", 1),       # Program task id (for error reports)
     ("ck_begin", "int", 1),      # weight chunks this task takes from its CTA's weight stream:
     ("n_ck", "int", 1),          #   ranges[ck_begin : +n_ck] (host bookkeeping; FUSED steps too)
-    ("pad0", "int", 1),
-    ("pad1", "int", 1),
+    ("n_ptr_all", "int", 1),     # pointers of the task AND its FUSED steps, contiguous from
+    ("pad1", "int", 1),          #   ptr_begin (the scheduler copies them in one go)
     ("ip", "int", N_IP),
     ("fp", "float", N_FP),
 )
@@ -71,8 +71,9 @@ STATE_DTYPE = np_dtype(STATE_FIELDS)
 # reads d.ip[P_<GROUP>_<NAME>]; the encoder writes by name. Opcodes sharing a kernel share a group.
 IP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_CS", "B_RS", "B_CS", "KIND"),
-    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC"),
-    "NORM": ("ROWS", "H"),
+    # XS_READY: x is already in shared memory as fp32 (a fused norm put it there: TO_SMEM)
+    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY"),
+    "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
              "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES"),

@@ -519,7 +519,77 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
                 slots[out] = target
         enc = encode_op(task, op, args, [target], sp)
         steps.append((enc, args, [target]))
+    zero = [(o, n) for o, n in zero if not _tile_reads_only(steps, (REF_SCRATCH, o))]
+    _norm_into_smem(steps)
     return steps, zero, off - scratch_base
+
+
+_EW_OPS = {int(K.COPY), int(K.ADD), int(K.MUL), int(K.SILU_MUL), int(K.GELU)}
+
+
+def _written_cols(enc: Encoded) -> tuple[int, int] | None:
+    """Columns [lo, hi) a column-tile step writes in every row of its output, else None."""
+    if enc.op in (int(K.GEMV_TILE), int(K.GEMM_TILE)):
+        return enc.ip["N_OFF"], enc.ip["N_OFF"] + enc.ip["N_TILE"]
+    if enc.op in _EW_OPS or enc.op == int(K.ROPE):
+        return enc.ip["C0"], enc.ip["C1"]
+    return None
+
+
+def _read_cols(enc: Encoded, args: list[View], out: View, ref) -> tuple[int, int] | None:
+    """Columns [lo, hi) a step reads of scratch `ref` (one of its args), else None (unknown)."""
+    idx = [i for i, a in enumerate(args) if a.ref == ref]
+    v = args[idx[0]]
+    if enc.op in _EW_OPS and v.numel == out.numel and v.cols == out.cols:
+        return enc.ip["C0"], enc.ip["C1"]        # read at the output's own (row, column)
+    if enc.op == int(K.ATTENTION_TILE) and idx == [0] and enc.ip["B"] == 1 and v.cols == v.numel:
+        hd = enc.ip["HD"]                         # q of the tile's heads only
+        return enc.ip["H_OFF"] * hd, (enc.ip["H_OFF"] + enc.ip["H_COUNT"]) * hd
+    return None
+
+
+def _tile_reads_only(steps, ref) -> bool:
+    """True when scratch `ref` needs no zeroing: one step writes a column tile of it and every
+    step that reads it reads only inside that tile (o+add, gate/up+silu, rope+attention)."""
+    writers = [i for i, (_, _, outs) in enumerate(steps) if outs[0].ref == ref]
+    if len(writers) != 1:
+        return False
+    w = writers[0]
+    cols = _written_cols(steps[w][0])
+    if cols is None or any(a.ref == ref for a in steps[w][1]):
+        return False
+    for i, (enc, args, outs) in enumerate(steps):
+        if i == w or not any(a.ref == ref for a in args):
+            continue
+        if i < w:
+            return False
+        r = _read_cols(enc, args, outs[0], ref)
+        if r is None or not (cols[0] <= r[0] <= r[1] <= cols[1]):
+            return False
+    return True
+
+
+def _norm_into_smem(steps) -> None:
+    """A one-row norm whose scratch output only the GEMV steps right after it read as x: the
+    norm writes x into the GEMVs' shared-memory staging area (fp32, rounded through the
+    scratch dtype as before) and the GEMVs skip staging it, so x never goes through global."""
+    for i, (enc, _, outs) in enumerate(steps):
+        if enc.op not in (int(K.RMSNORM), int(K.LAYERNORM)) or enc.ip["ROWS"] != 1:
+            continue
+        ref = outs[0].ref
+        if ref[0] != REF_SCRATCH or enc.ip["H"] > XS_MAX:
+            continue
+        readers = [j for j, (_, a, _) in enumerate(steps) if any(v.ref == ref for v in a)]
+        writers = [j for j, (_, _, o) in enumerate(steps) if o[0].ref == ref]
+        if not readers or writers != [i] or readers != list(range(i + 1, i + 1 + len(readers))):
+            continue
+        if all(steps[j][0].op in (int(K.GEMV_TILE), int(K.GEMM_TILE))
+               and steps[j][1][0].ref == ref and all(v.ref != ref for v in steps[j][1][1:])
+               and steps[j][0].ip["M"] == 1 and steps[j][0].ip["K"] == enc.ip["H"]
+               for j in readers):
+            enc.ip["TO_SMEM"] = 1
+            for j in readers:
+                steps[j][0].ip["XS_READY"] = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -592,11 +662,13 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
                 subs.append(sd)
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
             d["ck_begin"], d["n_ck"] = ck
+            d["n_ptr_all"] = len(refs) - d["ptr_begin"]      # its steps' pointers follow its own
         else:
             enc = encode_op(t, t.op, ins, outs, t.params)
             ck = chunk_list([enc])
             d = desc(enc, ins, outs)
             d["ck_begin"], d["n_ck"] = ck
+            d["n_ptr_all"] = d["n_in"] + d["n_out"]
         d["task_id"] = t.id
         d["wait_begin"], d["n_waits"] = len(waits), len(t.waits)
         for w in t.waits:
@@ -617,7 +689,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         rec = table[i]
         for f in ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in",
                   "n_out", "sub_begin", "n_sub", "pf_begin", "n_pf", "zero_begin", "n_zero",
-                  "task_id", "ck_begin", "n_ck"):
+                  "task_id", "ck_begin", "n_ck", "n_ptr_all"):
             rec[f] = d.get(f, 0)
         g = d["group"]
         for name, v in d["ip"].items():

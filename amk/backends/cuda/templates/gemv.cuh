@@ -1,6 +1,6 @@
 // GEMV / GEMM tile: y[:, n_off:n_off+n_tile] = x[M, K] @ W[n_off:n_off+n_tile, :K].T (+ bias),
 // float weights or weight-only int8 / packed int4 with group scales (+ zeros), seed layout.
-// x is staged once in shared memory as fp32; each warp streams RPW weight rows with 16-byte
+// x is staged once in shared memory as fp32 (unless XS_READY: a fused norm wrote it there); each warp streams RPW weight rows with 16-byte
 // loads, U vectors per row in flight per lane (the L2 already holds them: the scheduler
 // prefetched this task's rows before its counter wait).
 
@@ -32,7 +32,7 @@ template <class TX, class TW, class TY, class TS, class TZ, int QMODE, bool BIAS
 __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   constexpr int RPW = 2;
   constexpr int VW = GemvVec<QMODE, TW>::N;
-  constexpr int U = QMODE == 0 ? 4 : 2;
+  constexpr int U = QMODE == 0 ? 8 : 2;     // float: 8 x 16 B per row per lane in flight
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const long long ldw = d.ip[P_GEMV_LDW];
@@ -50,7 +50,8 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   for (int m0 = 0; m0 < M; m0 += MB) {
     const int mc = M - m0 < MB ? M - m0 : MB;
     __syncthreads();
-    for (int i = threadIdx.x; i < mc * Kd; i += NT) xs[i] = to_f(x[(long long)m0 * Kd + i]);
+    if (!d.ip[P_GEMV_XS_READY])     // else a fused norm already left x here (M == 1)
+      for (int i = threadIdx.x; i < mc * Kd; i += NT) xs[i] = to_f(x[(long long)m0 * Kd + i]);
     __syncthreads();
     for (int rb = warp * RPW; rb < n_tile; rb += NWARPS * RPW) {
       float acc[RPW][MB];
@@ -168,7 +169,7 @@ __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nv = Kd / VW;
   const unsigned j0 = amk_ss.consumed;         // read before the first barrier below
-  for (int i = threadIdx.x; i < Kd; i += NT) xs[i] = to_f(x[i]);
+  if (!d.ip[P_GEMV_XS_READY]) for (int i = threadIdx.x; i < Kd; i += NT) xs[i] = to_f(x[i]);
   for (int i = threadIdx.x; i < n_tile; i += NT) acc_s[i] = 0.f;
   __syncthreads();
   const int n_chunks = (n_tile + rpc - 1) / rpc;

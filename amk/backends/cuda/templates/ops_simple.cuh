@@ -40,19 +40,24 @@ __device__ __noinline__ void op_allreduce(AMK_PARAMS) {
   }
 }
 
+// TO_SMEM (one row, lower._norm_into_smem): the normalised row goes, rounded through TY, into
+// the next GEMVs' fp32 x staging area at smem[0] instead of y.
 template <class TX, class TW, class TY>
 __device__ __noinline__ void op_rmsnorm(AMK_PARAMS) {
   const int H = d.ip[P_NORM_H], R = d.ip[P_NORM_ROWS];
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1]; TY* y = (TY*)P[d.n_in];
+  const bool to_smem = d.ip[P_NORM_TO_SMEM] != 0; float* xs = (float*)smem;   // see TO_SMEM
   for (int r = 0; r < R; r++) {
     const TX* xr = x + (long long)r * H;
     float ss = 0.f;
     for (int i = threadIdx.x; i < H; i += NT) { float v = to_f(xr[i]); ss += v * v; }
     ss = block_sum(ss);
     const float rs = rsqrtf(ss / (float)H + eps);
-    for (int i = threadIdx.x; i < H; i += NT)
-      y[(long long)r * H + i] = from_f<TY>((to_f(xr[i]) * rs) * to_f(w[i]));
+    for (int i = threadIdx.x; i < H; i += NT) {
+      const TY o = from_f<TY>((to_f(xr[i]) * rs) * to_f(w[i]));
+      if (to_smem) xs[i] = to_f(o); else y[(long long)r * H + i] = o;
+    }
   }
 }
 
@@ -62,6 +67,7 @@ __device__ __noinline__ void op_layernorm(AMK_PARAMS) {
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1];
   const TB* b = (const TB*)P[HAS_B ? 2 : 1]; TY* y = (TY*)P[d.n_in];
+  const bool to_smem = d.ip[P_NORM_TO_SMEM] != 0; float* xs = (float*)smem;
   for (int r = 0; r < R; r++) {
     const TX* xr = x + (long long)r * H;
     float s = 0.f;
@@ -73,7 +79,7 @@ __device__ __noinline__ void op_layernorm(AMK_PARAMS) {
     for (int i = threadIdx.x; i < H; i += NT) {
       float o = (to_f(xr[i]) - mean) * rs * to_f(w[i]);
       if (HAS_B) o += to_f(b[i]);
-      y[(long long)r * H + i] = from_f<TY>(o);
+      if (to_smem) xs[i] = to_f(from_f<TY>(o)); else y[(long long)r * H + i] = from_f<TY>(o);
     }
   }
 }

@@ -4,10 +4,45 @@
 // activations) before it waits on the task's
 // counters (thread 0 spins with __nanosleep backoff; a wait with no progress for watchdog_ns
 // aborts every CTA and names the task), runs the task's device function, then publishes
-// completion (fence + atomic add). Counters are monotonic: wait i needs
+// completion (fence + atomic add). Descriptors are double-buffered in shared memory: the NEXT
+// task's TaskDesc is copied (cp.async) before this task's wait, its pointers and FUSED step
+// descriptors right after this task ends, so a task starts the moment its counters are met. Counters are monotonic: wait i needs
 // counter >= threshold + epoch * stride, epoch = steps completed, advanced by the last CTA out.
 
 #define MAX_PTRS $max_ptrs
+#define SLOT_SUBS 8          // FUSED steps whose descriptors a slot holds
+#define SLOT_PTRS 128        // pointers (task + its steps) a slot holds; larger tasks load per step
+#define DESC_WORDS ((int)(sizeof(TaskDesc) / 4))
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+// Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0, the issuer or the
+// prefetching last warp). Every thread commits a group, empty or not.
+__device__ __forceinline__ void slot_stage1(const TaskDesc* src, TaskDesc* dst) {
+  const int i = threadIdx.x - 64;
+  if (i >= 0 && i < DESC_WORDS) cp_async4((int*)dst + i, (const int*)src + i);
+  cp_async_commit();
+}
+// Stage 2 (the slot's TaskDesc visible): its pointers and, when they fit, its steps' descriptors.
+__device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* tasks,
+                                            const unsigned long long* ptrs, TaskDesc* subs, void** sp) {
+  const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
+  const int np = fits ? t.n_ptr_all : t.n_in + t.n_out;
+  for (int i = threadIdx.x; i < np; i += NT) cp_async8(sp + i, ptrs + t.ptr_begin + i);
+  if (fits && t.op == OP_FUSED) {
+    const int* src = (const int*)(tasks + t.sub_begin);
+    for (int i = threadIdx.x; i < t.n_sub * DESC_WORDS; i += NT) cp_async4((int*)subs + i, src + i);
+  }
+  cp_async_commit();
+}
 
 __device__ __noinline__ void run_variant(AMK_PARAMS) {
   switch (d.variant) {
@@ -65,8 +100,9 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
 
 extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_constant__ KernelArgs A) {
   extern __shared__ __align__(16) char smem[];
-  __shared__ TaskDesc s_task, s_sub;
-  __shared__ void* s_ptrs[MAX_PTRS];
+  __shared__ TaskDesc s_task[2], s_sub;
+  __shared__ TaskDesc s_subs[2][SLOT_SUBS];
+  __shared__ __align__(8) void* s_ptrs[2][SLOT_PTRS];
   __shared__ void* s_sub_ptrs[MAX_PTRS];
   __shared__ int s_ok;
   const TaskDesc* tasks = (const TaskDesc*)A.tasks;
@@ -88,7 +124,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
     if (amk_ss.n > 0) stream_win_request(smem, 0);
   }
+  if (qb < qe) slot_stage1(tasks + qt[qb], &s_task[0]);
+  cp_async_wait<0>();
   __syncthreads();
+  if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0]);
   // L2 prefetch from the last warp: thread 0 (warp 0) fences after its counter waits, and a
   // fence would wait for these bulk prefetches too.
   if (warp == NWARPS - 1 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
@@ -97,39 +136,57 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
   unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm
 #endif
   for (int i = qb; i < qe; i++) {
-    const TaskDesc* t = tasks + qt[i];
+    const int slot = (i - qb) & 1;
+    const TaskDesc& T = s_task[slot];
+    const int next = i + 1 < qe ? qt[i + 1] : -1;
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[4 * i] = global_timer();
 #endif
     if (threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
-    if (warp == NWARPS - 1 && i + 1 < qe) prefetch_task(tasks + qt[i + 1], A, lane);
+    if (warp == NWARPS - 1 && next >= 0) prefetch_task(tasks + next, A, lane);
+    if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during this task
+    else cp_async_commit();
     if (threadIdx.x == 0) {
-      s_ok = wait_task(t, A, epoch) ? 1 : 0;
+      s_ok = wait_task(&T, A, epoch) ? 1 : 0;
 #ifdef AMK_PROFILE
       prof[4 * i + 1] = global_timer();
 #endif
     }
-    load_desc(t, ptrs, &s_task, s_ptrs);
+    cp_async_wait<1>();            // this task's stage 2 (issued when the previous one ended)
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
-    if (s_task.op == OP_FUSED) {
-      const RangeDesc* z = (const RangeDesc*)A.ranges + s_task.zero_begin;
-      for (int r = 0; r < s_task.n_zero; r++)
-        for (unsigned long long k = threadIdx.x; k < z[r].bytes; k += NT) ((char*)z[r].addr)[k] = 0;
-      for (int s = 0; s < s_task.n_sub; s++) {
-        __syncthreads();
-        load_desc(tasks + s_task.sub_begin + s, ptrs, &s_sub, s_sub_ptrs);
-        __syncthreads();
-        run_variant(s_sub, s_sub_ptrs, smem, st);
+    if (T.op == OP_FUSED) {
+      const RangeDesc* z = (const RangeDesc*)A.ranges + T.zero_begin;
+      for (int r = 0; r < T.n_zero; r++) {
+        const unsigned long long za = z[r].addr, zn = z[r].bytes;
+        const unsigned long long n16 = (za & 15ull) == 0 ? zn >> 4 : 0;
+        for (unsigned long long k = threadIdx.x; k < n16; k += NT) ((uint4*)za)[k] = make_uint4(0u, 0u, 0u, 0u);
+        for (unsigned long long k = n16 * 16 + threadIdx.x; k < zn; k += NT) ((char*)za)[k] = 0;
+      }
+      const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
+      for (int s = 0; s < T.n_sub; s++) {
+        if (fits) {
+          if (s > 0 || T.n_zero > 0) __syncthreads();
+          const TaskDesc& S = s_subs[slot][s];
+          run_variant(S, &s_ptrs[slot][S.ptr_begin - T.ptr_begin], smem, st);
+        } else {
+          __syncthreads();
+          load_desc(tasks + T.sub_begin + s, ptrs, &s_sub, s_sub_ptrs);
+          __syncthreads();
+          run_variant(s_sub, s_sub_ptrs, smem, st);
+        }
       }
     } else {
-      run_variant(s_task, s_ptrs, smem, st);
+      run_variant(T, s_ptrs[slot], smem, st);
     }
+    const int out_counter = T.out_counter;   // the slot is refilled once everyone passes below
+    cp_async_wait<0>();            // the next task's descriptor (issued before this task's wait)
     __syncthreads();
-    if (threadIdx.x == 0 && s_task.out_counter >= 0) {
+    if (threadIdx.x == 0 && out_counter >= 0) {
       __threadfence();             // release: this task's writes before the count
-      atomicAdd((unsigned*)A.counters + s_task.out_counter, 1u);
+      atomicAdd((unsigned*)A.counters + out_counter, 1u);
     }
+    if (next >= 0) slot_stage2(s_task[slot ^ 1], tasks, ptrs, s_subs[slot ^ 1], s_ptrs[slot ^ 1]);
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) {
       unsigned smid; asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -137,6 +194,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
     }
 #endif
   }
+  cp_async_wait<0>();              // nothing may land in shared memory after the CTA exits
   if (threadIdx.x == AMK_ISSUER) {   // an aborted queue leaves copies in flight: let them land
     for (unsigned j = amk_ss.consumed; j < amk_ss.issued; j++)
       mbar_wait(&amk_full[j % AMK_RING_STAGES], (j / AMK_RING_STAGES) & 1u);
