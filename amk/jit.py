@@ -19,6 +19,8 @@ import torch
 from amk import knobs, pytree
 from amk.errors import TraceError
 from amk.graph import Graph
+from amk.passes.dump import dump_stages
+from amk.passes.options import PassOptions
 from amk.passes.pipeline import run_pipeline, run_pipeline_cached
 from amk.program.ir import BufferKind, Program
 from amk.trace import trace
@@ -140,12 +142,11 @@ class Jitted:
                               name=getattr(self.fn, "__name__", "fn"))
         self.trace_count += 1
         t1 = time.perf_counter()
-        opts = self.options if self.options is not None else _default_options(backend, device)
+        opts = self.options if self.options is not None else PassOptions.for_backend(backend, device)
         program, programs = run_pipeline_cached(graph, opts)
         t2 = time.perf_counter()
         low = Lowered(graph, program, programs, out_td, opts,
                       {"trace_s": t1 - t0, "passes_s": t2 - t1, "cache_hit": programs is None})
-        from amk.passes.dump import dump_stages
         dump_stages(low)
         return low
 
@@ -193,14 +194,6 @@ def _device_of(leaves: Sequence[torch.Tensor], paths: Callable[[], Sequence[str]
             raise TraceError(f"amk.jit: {p[i]} is on {t.device} but {p[0]} is on {dev}; "
                              f"all arguments must be on one device")
     return dev
-
-
-def _default_options(backend: str, device: torch.device):
-    try:
-        from amk.passes.options import PassOptions
-    except ImportError:  # until the pass options land
-        return None
-    return PassOptions.for_backend(backend, device)
 
 
 def jit(fn: Callable | None = None, **kw) -> Jitted | Callable[[Callable], Jitted]:
