@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 os.environ["AMK_PROFILE"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 
 import torch  # noqa: E402
 

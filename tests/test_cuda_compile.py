@@ -186,3 +186,14 @@ def test_a_scratch_read_outside_its_tile_is_still_zeroed():
     assert _tile_reads_only([(tile, [x], [s]), (add_in, [x, s], [x])], s.ref)
     assert not _tile_reads_only([(tile, [x], [s]), (add_out, [x, s], [x])], s.ref)
     assert not _tile_reads_only([(tile, [x], [s]), (whole, [s], [x])], s.ref)
+
+
+def test_smem_staged_attention_compiles_and_is_opt_in(cache, monkeypatch):
+    monkeypatch.delenv("AMK_ATTN_SMEM", raising=False)
+    assert "op_attention_smem<" not in render(examples.combined_program())
+    monkeypatch.setenv("AMK_ATTN_SMEM", "1")
+    src = render(examples.combined_program())
+    assert "op_attention_smem<" in src
+    res = compile_source(src, "sm_90a")
+    assert res.cubin[:4] == b"\x7fELF"
+    assert re.search(r"op_attention_smem.*\n.*0 bytes stack frame", res.log)

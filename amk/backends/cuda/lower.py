@@ -307,6 +307,13 @@ def _enc_rope(t, op, ins, outs, p) -> Encoded:
     return e
 
 
+def _attn_smem_on() -> bool:
+    """AMK_ATTN_SMEM=1: attention stages K/V in smem by cp.async (op_attention_smem). Opt-in:
+    correct on an H200 (45 GPU tests), its speed not yet measured (bench/NOTES.md, v6)."""
+    import os
+    return os.environ.get("AMK_ATTN_SMEM", "0") == "1"
+
+
 def _enc_attention(t, op, ins, outs, p) -> Encoded:
     q, kc, vc, out = ins[0], ins[1], ins[2], outs[0]
     hd = int(p["head_dim"])
@@ -339,7 +346,10 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     lo = int(p.get("kv_start", 0))
     kv_len = int(p.get("kv_len", max_seq - lo))
     has_pos = len(ins) > 3
-    call = (f"op_attention<{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, "
+    # K/V rows staged in smem by 16-byte cp.async where rows are whole 16-byte vectors
+    staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
+    fn = "op_attention_smem" if staged else "op_attention"
+    call = (f"{fn}<{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, "
             f"{_ft(t, out.dtype)}>(AMK_ARGS)")
     e = Encoded(int(op), call, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,

@@ -168,3 +168,153 @@ __device__ void prefetch_attention(const TaskDesc& d, const unsigned long long* 
     }
   }
 }
+
+// The same attention with the shard's K and V rows staged in shared memory by 16-byte cp.async
+// (every row of a chunk in flight at once, issued before q is staged; K and V are separate
+// groups, so the scores start when K has landed while V is still on its way). Rows are padded
+// by 16 bytes (conflict-free 16-byte row reads across threads). Chunks of CR <= NT rows, CR
+// from the work area below AMK_RING_OFF. Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+template <class T>
+__device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
+                                                int cn, int hd) {
+  const int nvr = hd * (int)sizeof(T) / 16;
+  for (int i = threadIdx.x; i < cn * nvr; i += NT) {
+    const int r = i / nvr, v = i - r * nvr;
+    cp_async16(dst + r * rs + v * 16, (const char*)(base + (long long)r * stride) + v * 16);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <class TQ, class TK, class TV, class TO>
+__device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
+  constexpr int HG = 8;
+  const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
+  const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT], B = d.ip[P_ATTN_B];
+  const long long max_seq = d.ip[P_ATTN_MAX_SEQ];
+  const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
+  const float scale = d.fp[F_ATTN_SCALE];
+  const int rep = nh / nkv;
+  long long lo, hi;
+  attn_window(d, P, lo, hi);
+  const int n = (int)(hi - lo);
+  const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
+  TO* out = (TO*)P[d.n_in];
+  const int krs = hd * (int)sizeof(TK) + 16, vrs = hd * (int)sizeof(TV) + 16;   // padded rows
+  float* qs = (float*)smem;                                  // [HG][hd]
+  const int red_f = NT * HG;                                 // [PG][HG][hd] floats, PG*hd <= NT
+  int CR = (AMK_RING_OFF - HG * hd * 4) / (HG * 4 + krs + vrs);
+  if (CR > NT) CR = NT;
+  CR &= ~3;
+  float* sc = qs + HG * hd;                                  // [HG][CR]
+  char* ks = (char*)(sc + HG * CR);                          // [CR][krs]
+  char* vs = ks + CR * krs;                                  // [CR][vrs]
+  float* red = (CR * (krs + vrs) >= red_f * 4) ? (float*)ks : (float*)(vs + CR * vrs);   // after the last chunk
+  __shared__ float m_run[HG], l_run[HG], alpha[HG];
+  const int tid = threadIdx.x, PG = NT / hd, dd = tid % hd, pg = tid / hd;
+  constexpr int KV = VecN<TK>::N;
+  const long long rstride = (long long)nkv * hd;
+
+  for (int b = 0; b < B; b++)
+    for (int g = h0 / rep; g < (h0 + hc) / rep; g++)
+      for (int hs0 = 0; hs0 < rep; hs0 += HG) {
+        const int nhs = rep - hs0 < HG ? rep - hs0 : HG;
+        const int hbase = g * rep + hs0;
+        const TK* kbase = kc + (b * max_seq * nkv + g) * hd;
+        const TV* vbase = vc + (b * max_seq * nkv + g) * hd;
+        __syncthreads();                                     // the previous users of smem
+        if (lo < hi) {
+          const int cn0 = hi - lo < CR ? (int)(hi - lo) : CR;
+          attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);
+          attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
+        }
+        for (int i = tid; i < nhs * hd; i += NT) qs[i] = to_f(q[((long long)b * nh + hbase) * hd + i]);
+        if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
+        float acc[HG];
+#pragma unroll
+        for (int j = 0; j < HG; j++) acc[j] = 0.f;
+        for (long long t0 = lo; t0 < hi; t0 += CR) {
+          const int cn = hi - t0 < CR ? (int)(hi - t0) : CR;
+          if (t0 != lo) {                                    // after the previous chunk's last barrier
+            attn_stage_rows(ks, krs, kbase + t0 * rstride, rstride, cn, hd);
+            attn_stage_rows(vs, vrs, vbase + t0 * rstride, rstride, cn, hd);
+          }
+          asm volatile("cp.async.wait_group 1;" ::: "memory");   // K (V may still be in flight)
+          __syncthreads();
+          if (tid < cn) {
+            const char* krow = ks + tid * krs;
+            float s[HG];
+#pragma unroll
+            for (int j = 0; j < HG; j++) s[j] = 0.f;
+            for (int e0 = 0; e0 < hd; e0 += KV) {
+              float kf[KV];
+              unpack(*(const uint4*)(krow + e0 * (int)sizeof(TK)), kf, (TK*)0);
+#pragma unroll
+              for (int j = 0; j < HG; j++)
+                if (j < nhs) {
+                  const float4* qv = (const float4*)(qs + j * hd + e0);
+#pragma unroll
+                  for (int e = 0; e < KV / 4; e++) {
+                    const float4 x = qv[e];
+                    s[j] += x.x * kf[4 * e] + x.y * kf[4 * e + 1] + x.z * kf[4 * e + 2] + x.w * kf[4 * e + 3];
+                  }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < HG; j++) if (j < nhs) sc[j * CR + tid] = s[j] * scale;
+          }
+          __syncthreads();
+          const int w = tid >> 5, lane = tid & 31;
+          if (w < nhs) {
+            float mc = -__int_as_float(0x7f800000);
+            for (int i = lane; i < cn; i += 32) mc = fmaxf(mc, sc[w * CR + i]);
+            mc = warp_max(mc);
+            const float mold = m_run[w];
+            const float mnew = fmaxf(mold, mc);
+            float ls = 0.f;
+            for (int i = lane; i < cn; i += 32) { const float p = expf(sc[w * CR + i] - mnew); sc[w * CR + i] = p; ls += p; }
+            ls = warp_sum(ls);
+            if (lane == 0) {
+              const float a = expf(mold - mnew);
+              alpha[w] = a; l_run[w] = l_run[w] * a + ls; m_run[w] = mnew;
+            }
+          }
+          asm volatile("cp.async.wait_group 0;" ::: "memory");   // V
+          __syncthreads();
+          if (pg < PG) {
+#pragma unroll
+            for (int j = 0; j < HG; j++) if (j < nhs) acc[j] *= alpha[j];
+            const char* vcol = vs + dd * (int)sizeof(TV);
+#pragma unroll 4
+            for (int i = pg; i < cn; i += PG) {
+              const float v = to_f(*(const TV*)(vcol + i * vrs));
+#pragma unroll
+              for (int j = 0; j < HG; j++) if (j < nhs) acc[j] += sc[j * CR + i] * v;
+            }
+          }
+          __syncthreads();
+        }
+        if (pg < PG) {
+#pragma unroll
+          for (int j = 0; j < HG; j++) if (j < nhs) red[(pg * HG + j) * hd + dd] = acc[j];
+        }
+        __syncthreads();
+        for (int i = tid; i < nhs * hd; i += NT) {
+          const int j = i / hd, e = i - j * hd, h = hbase + j;
+          float a = 0.f;
+          for (int k = 0; k < PG; k++) a += red[(k * HG + j) * hd + e];
+          if (partial) {
+            const long long base = ((long long)b * nh + h) * (hd + 2);
+            out[base + e] = from_f<TO>(n > 0 ? a : 0.f);
+            if (e == 0) {
+              out[base + hd] = from_f<TO>(n > 0 ? m_run[j] : -__int_as_float(0x7f800000));
+              out[base + hd + 1] = from_f<TO>(n > 0 ? l_run[j] : 0.f);
+            }
+          } else {
+            out[((long long)b * nh + h) * hd + e] = from_f<TO>(n > 0 ? a / l_run[j] : 0.f);
+          }
+        }
+      }
+}
