@@ -64,3 +64,9 @@ def gemv_ring() -> bool:
     tasks' weights land while their counters are waited on). 0: direct 16-byte loads.
     Opt-in: correct, but measured slower than the direct loads on an H200 (bench/NOTES.md, v3)."""
     return _int("AMK_GEMV_RING", 0) != 0
+
+
+def attn_smem() -> bool:
+    """AMK_ATTN_SMEM=1: the CUDA attention shard stages its K/V rows in shared memory with
+    16-byte cp.async (bench/NOTES.md, v6). 0: the v5 attention."""
+    return _int("AMK_ATTN_SMEM", 0) != 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from amk import knobs
 from amk.errors import CompileError
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program
 from amk.backends.cuda import abi
@@ -230,7 +231,6 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     # Float weights of a read-only buffer, batch 1: the tile's rows come through the CTA's
     # weight stream (shared memory, bulk copies running ahead across task boundaries) in chunks
     # of whole rows, each one contiguous byte range.
-    from amk import knobs
     ring = (knobs.gemv_ring() and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= CHUNK_BYTES
             and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
     if ring:
@@ -308,10 +308,9 @@ def _enc_rope(t, op, ins, outs, p) -> Encoded:
 
 
 def _attn_smem_on() -> bool:
-    """AMK_ATTN_SMEM=1: attention stages K/V in smem by cp.async (op_attention_smem). Opt-in:
-    correct on an H200 (45 GPU tests), its speed not yet measured (bench/NOTES.md, v6)."""
-    import os
-    return os.environ.get("AMK_ATTN_SMEM", "0") == "1"
+    """amk.knobs.attn_smem(): attention stages K/V in smem by cp.async (op_attention_smem).
+    Opt-in: correct on an H200 (45 GPU tests), its speed not yet measured (NOTES.md, v6)."""
+    return knobs.attn_smem()
 
 
 def _enc_attention(t, op, ins, outs, p) -> Encoded:
