@@ -57,3 +57,19 @@ def test_tiny_qwen3_compiles_for_sm90a():
 def test_random_property_programs_compile_for_sm90a(case):
     step = amk.jit(case.fn, donate=case.donate, backend="cuda")
     assert_cubin(step.lower(*case.args))
+
+
+def test_a_warm_compile_reuses_the_lowered_program_from_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    import amk.backends.cuda.lower as cuda_lower
+    m = random_model(TINY_LLAMA)
+    cold = amk.jit(m.fn, donate=("kv",), backend="cuda").lower(*m.example_args())
+    cubin = cold.compile_cuda()
+
+    def refuse(*a, **k):
+        raise AssertionError("lower_program ran again on a warm compile")
+
+    monkeypatch.setattr(cuda_lower, "lower_program", refuse)
+    warm = amk.jit(m.fn, donate=("kv",), backend="cuda").lower(*m.example_args())
+    assert warm.timings["cache_hit"] and warm.program is not cold.program
+    assert warm.compile_cuda() == cubin

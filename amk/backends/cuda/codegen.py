@@ -13,7 +13,8 @@ from string import Template
 
 from amk.program.ir import Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.lower import CHUNK_BYTES, Lowered, lower_program
+from amk.backends.cuda.lower import CHUNK_BYTES, Lowered
+from amk.backends.cuda.lowered_cache import lower_program_cached
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
@@ -67,4 +68,4 @@ def render_lowered(low: Lowered) -> str:
 
 def render(program: Program) -> str:
     """CUDA C++ source of ``program``'s megakernel (entry point ``amk_megakernel``)."""
-    return render_lowered(lower_program(program))
+    return render_lowered(lower_program_cached(program))

@@ -21,7 +21,8 @@ from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import NTHREADS, SMEM_BYTES, render_lowered
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
-from amk.backends.cuda.lower import REF_BUFFER, lower_program
+from amk.backends.cuda.lower import REF_BUFFER
+from amk.backends.cuda.lowered_cache import lower_program_cached
 
 _BOUND = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
 _OWNED = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.IO_INPUT)
@@ -57,7 +58,7 @@ class CudaProgram:
         self.timings: dict[str, float] = {}
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         t0 = time.perf_counter()
-        self.lowered = low = lower_program(program, n_ctas=sm_count)
+        self.lowered = low = lower_program_cached(program, n_ctas=sm_count)
         self.source = render_lowered(low)
         self.timings["render_s"] = time.perf_counter() - t0
         res = compile_source(self.source, arch or _arch(self.device))
