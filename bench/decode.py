@@ -108,6 +108,9 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
     row["eager_ms"] = time_ms(lambda: torch_decode_step(m.config, params, token, pos, kv), iters=10)
     if compile_peer:
         t0 = time.perf_counter()
+        for layer in kv:       # in-place cache updates: static addresses keep CUDA graphs on
+            for t in layer.values():
+                torch._dynamo.mark_static_address(t)
         comp = torch.compile(lambda t, p: torch_decode_step(m.config, params, t, p, kv),
                              mode="reduce-overhead", fullgraph=True)
         for _ in range(3):
