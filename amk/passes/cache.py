@@ -7,15 +7,12 @@ written only after `validate` proved it, and is remembered as proved when read b
 """
 from __future__ import annotations
 
-import gc
 import hashlib
-import os
-import pickle
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 from amk import knobs
+from amk.diskcache import read_pickle, write_pickle
 from amk.graph import Graph
 from amk.program.ir import Program
 
@@ -50,17 +47,7 @@ def _path(key: str) -> Path:
 
 
 def load(key: str) -> Program | None:
-    path = _path(key)
-    gc_was_on = gc.isenabled()
-    gc.disable()            # unpickling ~10^5 small objects would trigger many full collections
-    try:
-        with open(path, "rb") as f:
-            prog = pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
-        return None
-    finally:
-        if gc_was_on:
-            gc.enable()
+    prog = read_pickle(_path(key))
     if not isinstance(prog, Program):
         return None
     from amk.program.validate import ValidationResult, remember
@@ -69,12 +56,4 @@ def load(key: str) -> Program | None:
 
 
 def store(key: str, program: Program) -> None:
-    path = _path(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(program, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-    except OSError:
-        pass       # a read-only or full disk only costs the next compile its cache hit
+    write_pickle(_path(key), program)

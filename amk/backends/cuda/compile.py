@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 
 from amk import knobs
+from amk.diskcache import write_atomic
 from amk.errors import BackendUnavailable, CompileError
 from amk.program.ir import Program
 
@@ -92,22 +92,6 @@ def cache_key(source: str, arch: str, options: tuple[str, ...]) -> str:
     return h.hexdigest()[:32]
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)            # atomic: a concurrent reader sees all or nothing
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] = DEFAULT_OPTIONS,
                    use_cache: bool = True) -> CompileResult:
     """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache."""
@@ -148,8 +132,8 @@ def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] =
         nvrtc.nvrtcDestroyProgram(prog)
     seconds = time.perf_counter() - t0
     if use_cache:
-        _write_atomic(path[:-6] + ".log", log.encode())
-        _write_atomic(path, bytes(buf))
+        write_atomic(path[:-6] + ".log", log.encode())
+        write_atomic(path, bytes(buf))
     return CompileResult(bytes(buf), log, seconds, False, key, path)
 
 

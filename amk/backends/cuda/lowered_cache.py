@@ -6,15 +6,12 @@ the lowering + the CTA count + the program itself (its repr). Written atomically
 """
 from __future__ import annotations
 
-import gc
 import hashlib
-import os
-import pickle
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 from amk import knobs
+from amk.diskcache import read_pickle, write_pickle
 from amk.program.ir import Program
 
 
@@ -37,25 +34,10 @@ def _key(program: Program, n_ctas: int) -> str:
 
 
 def lower_program_cached(program: Program, n_ctas: int = 132):
-    from amk.backends.cuda.lower import lower_program
+    from amk.backends.cuda.lower import Lowered, lower_program
     path = knobs.cache_dir() / "cuda" / f"{_key(program, n_ctas)}.lowered.pkl"
-    gc_was_on = gc.isenabled()
-    gc.disable()                     # unpickling many small objects: no collections meanwhile
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
-        pass
-    finally:
-        if gc_was_on:
-            gc.enable()
-    low = lower_program(program, n_ctas=n_ctas)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(low, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-    except OSError:
-        pass             # no cache on a read-only or full disk: only the next compile is slower
+    low = read_pickle(path)
+    if not isinstance(low, Lowered):
+        low = lower_program(program, n_ctas=n_ctas)
+        write_pickle(path, low)
     return low
