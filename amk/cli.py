@@ -66,7 +66,11 @@ def load_model(name: str, max_seq: int, device: str = "cpu"):
 
 
 def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
+    from amk.errors import TraceError
     tok = model.tokenizer
+    if tok is None:
+        raise TraceError("this model has no tokenizer (a random-weight preset?): generate needs "
+                         "a text model such as smollm2-135m; `amk ir` and `amk bench` take presets")
     if chat:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

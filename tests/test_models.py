@@ -165,3 +165,9 @@ def test_cli_ir_dumps_every_stage_and_prints_stats(tmp_path, monkeypatch, capsys
     stage_lines = [l.split()[0] for l in out.splitlines() if "tasks=" in l]
     assert stage_lines == ["lower", "tile", "split_kv", "fuse", "plan_memory", "allocate_counters", "place"]
     assert "balance=" in out.splitlines()[-2]          # the placed program reports its balance
+
+
+def test_cli_generate_without_a_tokenizer_is_a_clear_error(capsys):
+    from amk import cli
+    assert cli.main(["generate", "--model", "tiny-llama", "--max-new-tokens", "2"]) == 1
+    assert "has no tokenizer" in capsys.readouterr().err

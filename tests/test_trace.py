@@ -148,3 +148,9 @@ def test_reading_the_old_cache_after_kv_update_is_refused():
     with pytest.raises(TraceError, match="used again after it was updated"):
         amk.jit(f, donate=("kv",)).lower(tiny_params(), torch.tensor([1], dtype=I32),
                                          torch.tensor([0], dtype=I32), kv)
+
+
+def test_the_cuda_backend_on_cpu_tensors_says_what_to_do():
+    with pytest.raises(amk.BackendUnavailable, match="backend 'cuda' needs CUDA tensors"):
+        amk.jit(mlp_step, backend="cuda")(tiny_params(), torch.tensor([1], dtype=I32),
+                                          torch.tensor([0], dtype=I32))
