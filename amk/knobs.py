@@ -70,3 +70,14 @@ def attn_smem() -> bool:
     """AMK_ATTN_SMEM=1: the CUDA attention shard stages its K/V rows in shared memory with
     16-byte cp.async (bench/NOTES.md, v6). 0: the v5 attention."""
     return _int("AMK_ATTN_SMEM", 0) != 0
+
+
+def ctas_per_sm() -> int:
+    """AMK_CTAS_PER_SM=1|2: persistent CTAs the CUDA megakernel runs on each SM (512 / N threads
+    each, one static queue each: the cuda target places on N x SMs queues), so one CTA streams
+    weights while the other waits on a counter. 2 needs AMK_GEMV_RING=0. Default 1: 2 is
+    correct but measured slower on an H200 (2.04 vs 1.92 ms a step, bench/NOTES.md v7)."""
+    n = _int("AMK_CTAS_PER_SM", 1)
+    if n not in (1, 2):
+        raise ValueError(f"AMK_CTAS_PER_SM={n}: the CUDA megakernel runs 1 or 2 CTAs per SM")
+    return n

@@ -132,6 +132,7 @@ def test_weight_stream_is_each_queues_chunks_in_the_order_its_gemvs_take_them(mo
 @pytest.mark.parametrize("ring", ["0", "1"])
 def test_all_cases_compile_with_the_weight_stream_on_and_off(cache, monkeypatch, ring):
     monkeypatch.setenv("AMK_GEMV_RING", ring)
+    monkeypatch.setenv("AMK_CTAS_PER_SM", "1")                 # the ring needs a whole SM
     src = render(examples.combined_program())
     assert ("op_gemv_ring<" in src) == (ring == "1")
     res = compile_source(src, "sm_90a")
@@ -197,3 +198,40 @@ def test_smem_staged_attention_compiles_and_is_opt_in(cache, monkeypatch):
     res = compile_source(src, "sm_90a")
     assert res.cubin[:4] == b"\x7fELF"
     assert re.search(r"op_attention_smem.*\n.*0 bytes stack frame", res.log)
+
+
+def test_two_ctas_per_sm_render_256_threads_that_fit_twice_in_an_sm(cache, monkeypatch):
+    """AMK_CTAS_PER_SM=2: 256-thread CTAs bounded for 2 per SM, 64 KiB dynamic smem each (no
+    ring), the cuda target places on 2 x SMs queues, and the lowered cache keys on the knob."""
+    from amk.backends.cuda import lowered_cache
+    from amk.passes.options import PassOptions, gpu_target
+    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
+    prog = examples.combined_program()
+    monkeypatch.setenv("AMK_CTAS_PER_SM", "1")
+    one = gpu_target().num_sms
+    key1 = lowered_cache._key(prog, 264)
+    assert codegen.launch_shape(1) == (512, codegen.SMEM_BYTES)
+    monkeypatch.setenv("AMK_CTAS_PER_SM", "2")
+    assert gpu_target().num_sms == PassOptions.for_backend("cuda").target.num_sms == 2 * one
+    assert PassOptions.for_backend("reference").target.num_sms == 4       # CPU target unchanged
+    assert lowered_cache._key(prog, 264) != key1
+    threads, dyn = codegen.launch_shape(2)
+    assert (threads, dyn) == (256, 64 * 1024)
+    src = render(prog)
+    assert "#define AMK_NTHREADS 256\n" in src and "#define AMK_CTAS_PER_SM 2\n" in src
+    assert "__launch_bounds__(NT, AMK_CTAS_PER_SM)" in src
+    res = compile_source(src, "sm_90a")
+    static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
+    assert 2 * (dyn + static + 1024) <= 228 * 1024, "two CTAs must fit in an SM's 228 KiB"
+    assert "op_gemv<" in src and "op_gemv_ring<" not in src
+
+
+def test_two_ctas_per_sm_refuse_the_ring_and_other_counts(monkeypatch):
+    from amk import knobs
+    monkeypatch.setenv("AMK_CTAS_PER_SM", "2")
+    monkeypatch.setenv("AMK_GEMV_RING", "1")
+    with pytest.raises(CompileError, match="AMK_GEMV_RING=0"):
+        render(examples.combined_program())
+    monkeypatch.setenv("AMK_CTAS_PER_SM", "3")
+    with pytest.raises(ValueError, match="1 or 2"):
+        knobs.ctas_per_sm()

@@ -19,7 +19,8 @@ from amk.backends.cuda.lowered_cache import lower_program_cached
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
 TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "gemv.cuh", "attention.cuh", "scheduler.cu")
-NTHREADS = 512
+THREADS_PER_SM = 512             # split over AMK_CTAS_PER_SM persistent CTAs (launch_shape)
+NTHREADS = THREADS_PER_SM        # one CTA per SM (the default)
 MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
 GEMV_SMEM = 64 * 1024            # x staged as fp32 (lower.XS_MAX floats)
 ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
@@ -28,6 +29,16 @@ RING_OFF = max(GEMV_SMEM, ATTN_SMEM)
 STREAM_WIN = 128                 # stream entries per half of the smem window (16 B each)
 WIN_OFF = RING_OFF + RING_STAGES * CHUNK_BYTES
 SMEM_BYTES = WIN_OFF + 2 * STREAM_WIN * 16        # 196 KiB of the 227 KiB a CTA may have
+
+
+def launch_shape(ctas_per_sm: int) -> tuple[int, int]:
+    """(threads, dynamic smem bytes) of one CTA when `ctas_per_sm` share an SM. One CTA keeps
+    the 196 KiB layout (work area + weight-stream ring); two get 256 threads (8 warps: the
+    attention's 8 heads a pass still have a warp each) and only the 64 KiB work area below
+    AMK_RING_OFF (x staging, attention), so both fit in the SM's 228 KiB."""
+    if ctas_per_sm == 1:
+        return NTHREADS, SMEM_BYTES
+    return THREADS_PER_SM // ctas_per_sm, RING_OFF
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,16 +55,24 @@ def template_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def render_lowered(low: Lowered) -> str:
+def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
+    """``ctas_per_sm`` None = amk.knobs.ctas_per_sm(); it sets the CTA's thread count and its
+    launch bounds (the runtime launches with the same launch_shape)."""
+    from amk import knobs
+    from amk.errors import CompileError
+    k = knobs.ctas_per_sm() if ctas_per_sm is None else int(ctas_per_sm)
+    if k > 1 and knobs.gemv_ring():
+        raise CompileError(f"CUDA backend: AMK_CTAS_PER_SM={k} leaves no room for the weight-stream "
+                           "ring (196 KiB a CTA); set AMK_GEMV_RING=0 or AMK_CTAS_PER_SM=1")
+    nt, _ = launch_shape(k)
     too_many = [int(t["task_id"]) for t in low.tasks if t["n_in"] + t["n_out"] > MAX_PTRS]
     if too_many:
-        from amk.errors import CompileError
         raise CompileError(f"CUDA backend: tasks {too_many[:8]} have more than {MAX_PTRS} operands")
     cases = "\n".join(f"    case {i}: {call}; break;" for i, call in enumerate(low.variants))
     t = _templates()
-    from amk import knobs
     parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
-             f"#define AMK_NTHREADS {NTHREADS}\n#define AMK_RING_OFF {RING_OFF}\n"
+             f"#define AMK_NTHREADS {nt}\n#define AMK_CTAS_PER_SM {k}\n"
+             f"#define AMK_RING_OFF {RING_OFF}\n"
              f"#define AMK_RING_STAGES {RING_STAGES}\n#define AMK_CHUNK {CHUNK_BYTES}\n"
              f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n",
              abi.render_header()]

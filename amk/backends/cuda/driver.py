@@ -53,6 +53,9 @@ class Kernel:
         self.func = check(drv.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(drv.cuFuncSetAttribute(self.func, attr, dyn_smem), "cuFuncSetAttribute(max dynamic smem)")
+        # all of the SM's unified L1/smem as shared memory: two CTAs per SM must both fit
+        carve = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        check(drv.cuFuncSetAttribute(self.func, carve, 100), "cuFuncSetAttribute(smem carveout)")
         self.dyn_smem = dyn_smem
         dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
         self.sm_count = int(check(drv.cuDeviceGetAttribute(

@@ -18,7 +18,7 @@ from amk import knobs
 from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
 from amk.program.ir import BufferKind, Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.codegen import NTHREADS, SMEM_BYTES, render_lowered
+from amk.backends.cuda.codegen import launch_shape, render_lowered
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
 from amk.backends.cuda.lower import REF_BUFFER
@@ -57,9 +57,12 @@ class CudaProgram:
                                       + res.report(), res)
         self.timings: dict[str, float] = {}
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
+        # CTAs per SM, their threads and smem: read once, so source, launch and check agree
+        self.ctas_per_sm = knobs.ctas_per_sm()
+        self.nthreads, smem = launch_shape(self.ctas_per_sm)
         t0 = time.perf_counter()
-        self.lowered = low = lower_program_cached(program, n_ctas=sm_count)
-        self.source = render_lowered(low)
+        self.lowered = low = lower_program_cached(program, n_ctas=sm_count * self.ctas_per_sm)
+        self.source = render_lowered(low, self.ctas_per_sm)
         self.timings["render_s"] = time.perf_counter() - t0
         res = compile_source(self.source, arch or _arch(self.device))
         self.compile_result = res
@@ -68,10 +71,16 @@ class CudaProgram:
         t0 = time.perf_counter()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)             # make torch's context current
-            self.kernel = Kernel(res.cubin, "amk_megakernel", self.device.index, SMEM_BYTES)
+            self.kernel = Kernel(res.cubin, "amk_megakernel", self.device.index, smem)
         self.timings["load_s"] = time.perf_counter() - t0
         self.grid = len(low.queues)
-        occ = self.kernel.occupancy(NTHREADS)
+        occ = self.kernel.occupancy(self.nthreads)
+        if occ < self.ctas_per_sm:
+            raise BackendUnavailable(
+                f"AMK_CTAS_PER_SM={self.ctas_per_sm} needs {self.ctas_per_sm} co-resident CTAs "
+                f"per SM but this GPU holds {occ} ({self.nthreads} threads, "
+                f"{self.kernel.num_regs} registers a thread, {smem} B dynamic shared memory a "
+                f"CTA); set AMK_CTAS_PER_SM=1")
         if occ < 1 or self.grid > occ * self.kernel.sm_count:
             raise BackendUnavailable(
                 f"the megakernel needs {self.grid} co-resident CTAs but the GPU holds "
@@ -187,7 +196,7 @@ class CudaProgram:
     def launch(self) -> None:
         """One decode step: one kernel launch on torch's current stream, nothing else."""
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.kernel.launch(self.grid, NTHREADS, stream, self._args)
+        self.kernel.launch(self.grid, self.nthreads, stream, self._args)
 
     def run(self, bindings: Mapping[str, torch.Tensor], check: bool = True) -> list[torch.Tensor]:
         with torch.cuda.device(self.device):

@@ -1,7 +1,7 @@
-// The persistent scheduler: one CTA per SM walks its static queue. For each task it tops up the
-// CTA's weight stream (GEMV weight chunks of this and later tasks into shared memory, see
-// common.cuh) and prefetches the NEXT task's weights into L2 (weights never depend on
-// activations) before it waits on the task's
+// The persistent scheduler: each persistent CTA (AMK_CTAS_PER_SM of them per SM, NT threads
+// each) walks its static queue. For each task it tops up the CTA's weight stream (GEMV weight
+// chunks of this and later tasks into shared memory, see common.cuh) and prefetches the NEXT
+// task's weights into L2 (weights never depend on activations) before it waits on the task's
 // counters (thread 0 spins with __nanosleep backoff; a wait with no progress for watchdog_ns
 // aborts every CTA and names the task), runs the task's device function, then publishes
 // completion (fence + atomic add). Descriptors are double-buffered in shared memory: the NEXT
@@ -98,7 +98,7 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
   return true;
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_constant__ KernelArgs A) {
+extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel(const __grid_constant__ KernelArgs A) {
   extern __shared__ __align__(16) char smem[];
   __shared__ TaskDesc s_task[2], s_sub;
   __shared__ TaskDesc s_subs[2][SLOT_SUBS];
