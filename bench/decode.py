@@ -68,11 +68,11 @@ def read_bandwidth() -> float:
     x = torch.randn(2 * 1024 ** 3 // 2, device="cuda").to(torch.bfloat16)   # 2 GiB
     y = torch.cat([x, x])                                                   # 4 GiB
     del x
+    nbytes = y.numel() * y.element_size()
     ms = time_ms(lambda: y.sum(dtype=torch.float32), iters=5)
-    bw = y.numel() * y.element_size() / (ms * 1e-3)
     del y
     torch.cuda.empty_cache()
-    return bw
+    return nbytes / (ms * 1e-3)
 
 
 def weight_bytes(params: dict) -> int:
