@@ -64,7 +64,7 @@ def graph_ms(step, args, iters: int) -> float:
 
 
 def read_bandwidth() -> float:
-    """Bytes/s of a large streaming read (a sum over 4 GiB), best of a few."""
+    """Bytes/s of a large streaming read (a sum over 4 GiB), the median of a few."""
     x = torch.randn(2 * 1024 ** 3 // 2, device="cuda").to(torch.bfloat16)   # 2 GiB
     y = torch.cat([x, x])                                                   # 4 GiB
     del x
