@@ -9,6 +9,17 @@ from amk.errors import BackendUnavailable
 from amk.program.ir import Program
 
 
+def resolve_device(device, who: str, hint: str) -> torch.device:
+    """torch.device(device) with a concrete CUDA index; a clear error when CUDA is absent."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendUnavailable(f"{who}(device={device!r}): torch sees no CUDA device; {hint}")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 def make_executable(program: Program, backend: str, device: torch.device):
     if backend == "reference":
         from amk.backends.reference.vm import ReferenceVM

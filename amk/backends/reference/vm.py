@@ -23,7 +23,8 @@ from typing import Mapping
 import torch
 
 from amk import knobs
-from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
+from amk.backends import resolve_device
+from amk.errors import DeadlockError, TraceError, ValidationError
 from amk.program.ir import BufferKind, InstructionKind, Program
 
 from amk.backends.reference.semantics import RefCtx, semantics_for
@@ -46,17 +47,6 @@ class RunStats:
     wall_s: float = 0.0
 
 
-def _vm_device(device) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise BackendUnavailable(f"ReferenceVM(device={device!r}): torch sees no CUDA device; "
-                                     f"use device='cpu'")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
 class ReferenceVM:
     """Execute ``program`` on ``device`` with counter-driven scheduling and real numerics."""
 
@@ -71,7 +61,7 @@ class ReferenceVM:
                 raise ValidationError("ReferenceVM refuses an invalid program:\n" + result.report(),
                                       result)
         self.program = program
-        self.device = _vm_device(device)
+        self.device = resolve_device(device, "ReferenceVM", "use device='cpu'")
         self.order = order
         self._rng = random.Random(seed)
         self.ctx = RefCtx()

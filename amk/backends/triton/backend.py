@@ -21,6 +21,7 @@ from typing import Mapping
 
 import torch
 
+from amk.backends import resolve_device
 from amk.errors import BackendUnavailable, TraceError, ValidationError
 from amk.program.ir import BufferKind, Program
 
@@ -30,14 +31,8 @@ BOUND_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
 def _device(device) -> torch.device:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise BackendUnavailable(f"TritonProgram(device={device!r}): torch sees no CUDA "
-                                     f"device; use the reference backend")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif os.environ.get("TRITON_INTERPRET", "") != "1":
+    dev = resolve_device(device, "TritonProgram", "use the reference backend")
+    if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET", "") != "1":
         raise BackendUnavailable(f"TritonProgram(device={device!r}) runs on the CPU only under "
                                  f"the Triton interpreter: set TRITON_INTERPRET=1 before importing "
                                  f"triton, or use a CUDA device")

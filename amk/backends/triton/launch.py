@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import triton
 
+from amk.backends.reference.semantics_common import column_range as _column_range
 from amk.errors import ValidationError
 from amk.program.ir import DType, InstructionKind as K, Task
 
@@ -40,16 +41,6 @@ def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
 
 def _cols(t: torch.Tensor) -> int:
     return t.shape[-1] if t.dim() else 1
-
-
-def _column_range(params, out: torch.Tensor) -> tuple[int, int]:
-    cols = _cols(out)
-    lo = int(params.get("n_off", 0))
-    n_tile = params.get("N_tile")
-    hi = cols if n_tile is None else lo + int(n_tile)
-    if not 0 <= lo <= hi <= cols:
-        raise ValidationError(f"column tile [{lo}, {hi}) is outside the output's {cols} columns")
-    return lo, hi
 
 
 # --------------------------------------------------------------------------------------------
