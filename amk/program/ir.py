@@ -15,6 +15,7 @@ Conventions every consumer relies on (see docs/PROGRAM.md for the per-opcode tab
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -116,10 +117,7 @@ class Buffer:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
