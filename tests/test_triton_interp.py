@@ -229,6 +229,20 @@ def test_attention_gqa_clamped_by_runtime_pos(n_kv):
     close(y.view(n_heads, hd), want, 1e-4)
 
 
+def test_a_long_window_is_split_over_programs_and_merged():
+    """Past SPLIT_ROWS rows the kernel runs split-K (flash-decoding) into scratch partials and
+    merges them; the last splits lie past pos and must get zero weight."""
+    from amk.backends.triton.launch import SPLIT_ROWS
+    n_heads, n_kv, hd, max_seq = 4, 2, 16, 3 * SPLIT_ROWS + 40
+    q = torch.randn(1, n_heads * hd)
+    k, v = torch.randn(max_seq, n_kv, hd), torch.randn(max_seq, n_kv, hd)
+    pos = torch.tensor([SPLIT_ROWS + 17], dtype=torch.int32)
+    params = {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "scale": 0.25}
+    (y,) = run(K.ATTENTION_TILE, [q, k, v, pos], [(1, n_heads * hd)], params)
+    want, _ = _attention_ref(q.view(n_heads, hd), k, v, 0, SPLIT_ROWS + 18, 0.25)
+    close(y.view(n_heads, hd), want, 1e-4)
+
+
 def test_attention_partials_heads_and_empty_shard_then_combine():
     n_heads, n_kv, hd, max_seq = 4, 2, 8, 48
     q = torch.randn(n_heads * hd)

@@ -15,15 +15,20 @@ import triton.language as tl
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
                      head_dim, n_heads, rep, max_seq, kv_start, kv_end, g_off, scale,
-                     stride_cb, stride_cs,
+                     stride_cb, stride_cs, split_len, stride_split,
                      HAS_POS: tl.constexpr, PARTIAL: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid (kv groups, B). Online softmax over BLOCK_N cache rows at a time, fp32 throughout.
-    PARTIAL writes ``[acc | m | l]`` per head (row width head_dim+2); an empty window leaves
-    acc=0, m=-inf, l=0. Otherwise writes acc / l (0 for an empty window)."""
+    """Grid (kv groups, B, splits). Online softmax over BLOCK_N cache rows at a time, fp32
+    throughout. Split s covers rows [kv_start + s*split_len, +split_len) of the window and
+    writes at o_ptr + s*stride_split (one split: the whole window). PARTIAL writes
+    ``[acc | m | l]`` per head (row width head_dim+2); an empty window leaves acc=0, m=-inf,
+    l=0. Otherwise writes acc / l (0 for an empty window)."""
     g = g_off + tl.program_id(0)
     b = tl.program_id(1)
-    hi = tl.minimum(kv_end, max_seq)
+    sid = tl.program_id(2)
+    kv_start = kv_start + sid * split_len
+    o_ptr = o_ptr + sid * stride_split
+    hi = tl.minimum(tl.minimum(kv_end, kv_start + split_len), max_seq)
     if HAS_POS:
         hi = tl.minimum(hi, tl.load(pos_ptr).to(tl.int32) + 1)
     heads = g * rep + tl.arange(0, BLOCK_H)

@@ -249,13 +249,35 @@ def _attention_tile(inputs, outputs, params):
     block_h, block_d = _pow2(rep, lo=1), _pow2(hd)
     block_n = max(8, min(64, 8192 // (block_h * block_d)))
     row = n_kv * hd
-    ka.attention_kernel[(h_count // rep, B)](
-        q, k, v, pos if pos is not None else q, out,
+    # A long window is split over several programs (flash-decoding) and merged by the combine
+    # kernel: one program per kv group scanning 4096 rows alone would idle the GPU.
+    splits = 1 if partial else triton.cdiv(max(kv_end - lo, 1), SPLIT_ROWS)
+    target = out if splits == 1 else _split_scratch(splits, B * n_heads * (hd + 2), out.device)
+    ka.attention_kernel[(h_count // rep, B, splits)](
+        q, k, v, pos if pos is not None else q, target,
         hd, n_heads, rep, max_seq, lo, kv_end, h_off // rep,
         float(params.get("scale", 1.0 / hd ** 0.5)),
         max_seq * row if k.dim() == 4 else 0, row,
-        HAS_POS=pos is not None, PARTIAL=partial,
+        SPLIT_ROWS if splits > 1 else max(kv_end - lo, 1), target.stride(0) if splits > 1 else 0,
+        HAS_POS=pos is not None, PARTIAL=partial or splits > 1,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d)
+    if splits > 1:
+        ka.combine_stacked_kernel[(h_count, B)](out, target, splits, target.stride(0), hd,
+                                                n_heads, h_off, BLOCK_D=block_d)
+
+
+SPLIT_ROWS = 256                      # cache rows per program in a split (non-partial) attention
+_SPLIT_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def _split_scratch(splits: int, width: int, device: torch.device) -> torch.Tensor:
+    """[splits, width] fp32 partials, allocated once per shape and device (a captured CUDA
+    graph keeps pointing at it)."""
+    key = (splits, width, str(device))
+    t = _SPLIT_SCRATCH.get(key)
+    if t is None:
+        t = _SPLIT_SCRATCH[key] = torch.empty(splits, width, dtype=torch.float32, device=device)
+    return t
 
 
 def _attention_combine(inputs, outputs, params):
