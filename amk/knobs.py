@@ -81,3 +81,34 @@ def ctas_per_sm() -> int:
     if n not in (1, 2):
         raise ValueError(f"AMK_CTAS_PER_SM={n}: the CUDA megakernel runs 1 or 2 CTAs per SM")
     return n
+
+
+def gemv_pipe() -> tuple[int, int]:
+    """AMK_GEMV_PIPE=0|1|VxS: a float batch-1 GEMV of read-only weights streams its tile through
+    a per-warp cp.async ring in shared memory (templates/gemv_pipe.cuh): V 16-byte vectors a
+    lane per item, S items in flight a warp, the first S-1 issued before the task's counter
+    wait. Returns (V, S); (0, 0) = off (the direct-load op_gemv). 1 = 4x4. Ignored under
+    AMK_GEMV_RING=1 (the two share the shared-memory area past the work area)."""
+    v = os.environ.get("AMK_GEMV_PIPE", "") or "1"
+    if v == "0":
+        return 0, 0
+    if v == "1":
+        return 4, 4
+    try:
+        vv, ss = (int(p) for p in v.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"AMK_GEMV_PIPE={v!r}: expected 0, 1 or VxS such as 4x4") from None
+    if vv not in (1, 2, 4, 8) or not 2 <= ss <= 16 or vv * ss * 512 > 8192:
+        raise ValueError(f"AMK_GEMV_PIPE={v!r}: V in 1,2,4,8, S in 2..16, V*S*512 B <= 8 KiB a warp")
+    return vv, ss
+
+
+def l2_prefetch() -> bool:
+    """AMK_L2_PREFETCH=0: the CUDA scheduler does not prefetch the next task's weight ranges
+    into L2 (default 1: it does, before the current task's counter wait)."""
+    return _int("AMK_L2_PREFETCH", 1) != 0
+
+
+def lowering_knobs() -> tuple:
+    """Every knob that changes the CUDA lowering (part of its cache keys)."""
+    return (gemv_ring(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch())

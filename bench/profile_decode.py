@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without 
 import torch  # noqa: E402
 
 import amk  # noqa: E402
+from amk import knobs  # noqa: E402
 from amk.models.model import Model  # noqa: E402
 from amk.models.presets import LLAMA_3_2_1B, random_params  # noqa: E402
 from amk.passes.cost import task_cost  # noqa: E402
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     rows = exe.profile()
     prog = step.lower(*args).program
     s = summarise(prog, rows)
-    print(f"AMK_GEMV_RING={os.environ.get('AMK_GEMV_RING', '')!r} (weight stream), "
+    print(f"knobs (ring, attn_smem, profile, ctas, pipe, l2): {knobs.lowering_knobs()}, "
           f"{len(exe.lowered.stream)} streamed chunks")
     print(f"context {a.context}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")

@@ -57,8 +57,8 @@ def test_all_cases_compile_for_sm90a_and_hit_the_cache(cache):
 
 def test_template_syntax_error_is_a_compile_error_with_numbered_source(cache, monkeypatch):
     broken = dict(codegen._templates())
-    broken["gemv.cuh"] = broken["gemv.cuh"].replace(   # both GEMV templates (ring and plain)
-        "const int n_off = d.ip[P_GEMV_N_OFF]", "const int n_off = d.ip[P_GEMV_N_OFF] oops")
+    for f in ("gemv.cuh", "gemv_pipe.cuh"):            # every GEMV template (plain, ring, pipe)
+        broken[f] = broken[f].replace("d.ip[P_GEMV_N_OFF]", "d.ip[P_GEMV_N_OFF] oops")
     monkeypatch.setattr(codegen, "_templates", lambda: broken)
     prog = examples.cases()[10].program        # a GEMV case
     assert prog.tasks[0].op == InstructionKind.GEMV_TILE
@@ -166,11 +166,14 @@ def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_
             assert s["ptr_begin"] == end
             end += s["n_in"] + s["n_out"]
         assert d["n_ptr_all"] == end - d["ptr_begin"]
+        gemvs = [s for s in subs if int(s["op"]) == K.GEMV_TILE]   # gate/up: one pipe pair
+        if ops == (K.RMSNORM, K.GEMV_TILE, K.GEMV_TILE, K.SILU_MUL):
+            assert len(gemvs) == 1 and gemvs[0]["ip"][abi.ip_index("GEMV", "NMAT")] == 2
         if ops[0] == K.RMSNORM and ops[1] == K.GEMV_TILE:
             assert subs[0]["ip"][ni] == 1
-            assert all(s["ip"][gi] == 1 for s, o in zip(subs, ops) if o == K.GEMV_TILE)
+            assert all(s["ip"][gi] == 1 for s in gemvs)
         else:
-            assert all(s["ip"][gi] == 0 for s, o in zip(subs, ops) if o == K.GEMV_TILE)
+            assert all(s["ip"][gi] == 0 for s in gemvs)
     assert (K.GEMV_TILE, K.ADD) in seen and (K.ROPE, K.ATTENTION_TILE) in seen
     assert (K.RMSNORM, K.GEMV_TILE, K.GEMV_TILE, K.SILU_MUL) in seen
 

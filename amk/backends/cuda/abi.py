@@ -72,7 +72,10 @@ STATE_DTYPE = np_dtype(STATE_FIELDS)
 IP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_CS", "B_RS", "B_CS", "KIND"),
     # XS_READY: x is already in shared memory as fp32 (a fused norm put it there: TO_SMEM)
-    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY"),
+    # PIPE: op_gemv_pipe (NMAT weight matrices sharing x, NV 16-byte vectors a row, RB bytes
+    # between rows)
+    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY",
+             "PIPE", "NMAT", "NV", "RB"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",

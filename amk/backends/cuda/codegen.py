@@ -18,7 +18,8 @@ from amk.backends.cuda.lowered_cache import lower_program_cached
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
-TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "gemv.cuh", "attention.cuh", "scheduler.cu")
+TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "gemv.cuh", "gemv_pipe.cuh", "attention.cuh",
+                  "scheduler.cu")
 THREADS_PER_SM = 512             # split over AMK_CTAS_PER_SM persistent CTAs (launch_shape)
 NTHREADS = THREADS_PER_SM        # one CTA per SM (the default)
 MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
@@ -65,6 +66,9 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
         raise CompileError(f"CUDA backend: AMK_CTAS_PER_SM={k} leaves no room for the weight-stream "
                            "ring (196 KiB a CTA); set AMK_GEMV_RING=0 or AMK_CTAS_PER_SM=1")
     nt, _ = launch_shape(k)
+    pipe_v, pipe_s = knobs.gemv_pipe()
+    if not pipe_v:               # off: the template still compiles, nothing calls it
+        pipe_v, pipe_s = 1, 2
     too_many = [int(t["task_id"]) for t in low.tasks if t["n_in"] + t["n_out"] > MAX_PTRS]
     if too_many:
         raise CompileError(f"CUDA backend: tasks {too_many[:8]} have more than {MAX_PTRS} operands")
@@ -74,7 +78,8 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_NTHREADS {nt}\n#define AMK_CTAS_PER_SM {k}\n"
              f"#define AMK_RING_OFF {RING_OFF}\n"
              f"#define AMK_RING_STAGES {RING_STAGES}\n#define AMK_CHUNK {CHUNK_BYTES}\n"
-             f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n",
+             f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n"
+             f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n",
              abi.render_header()]
     if knobs.profile():
         parts.insert(2, "#define AMK_PROFILE 1\n")

@@ -225,8 +225,41 @@ def cases() -> list[Case]:
     C.append(_single("dequant_i8", K.DEQUANT, [("qw", BK.WEIGHT, D.I8, (8, 48)), ("scales", BK.WEIGHT, f32, (8, 3))],
                      [("y", BK.IO_OUTPUT, f32, (8, 48))], {"qdtype": int(D.I8), "group": 16},
                      {"qw": _ints((8, 48), -128, 128, torch.int8), "scales": _rand((8, 3), tf)}))
+    C.append(_single("gemv_f32_k1000_odd_rows", K.GEMV_TILE,     # f32 rows of 250 vectors, 37 rows
+                     [("x", BK.IO_INPUT, bf, (1, 1000)), ("W", BK.WEIGHT, f32, (50, 1000))],
+                     [("y", BK.IO_OUTPUT, bf, (1, 50))], {"n_off": 13, "N_tile": 37, "K": 1000},
+                     {"x": _rand((1, 1000), tb), "W": _rand((50, 1000), tf, 0.05)}))
     C.append(fused_case())
+    C.append(gate_up_case())
     return C
+
+
+def gate_up_case() -> Case:
+    """rmsnorm -> gate and up GEMV tiles over one x -> silu_mul: the pipe GEMV pairs the two
+    (one NMAT=2 stream); rows of 40 vectors (a short segment), 24 rows a tile."""
+    H, F = 320, 64
+    b = Builder("fused_norm_gate_up_silu")
+    x = b.buf("x", BK.IO_INPUT, D.BF16, (1, H))
+    w = b.buf("norm_w", BK.WEIGHT, D.BF16, (H,))
+    wg = b.buf("w_gate", BK.WEIGHT, D.BF16, (F, H))
+    wu = b.buf("w_up", BK.WEIGHT, D.BF16, (F, H))
+    y = b.buf("y", BK.IO_OUTPUT, D.BF16, (1, F))
+    tile = {"n_off": 16, "N_tile": 24, "K": H}
+    steps = [
+        {"op": int(K.RMSNORM), "args": [{"in": 0}, {"in": 1}], "out": 0, "params": {"eps": 1e-5},
+         "out_shape": [1, H], "out_dtype": "bfloat16"},
+        {"op": int(K.GEMV_TILE), "args": [{"s": 0}, {"in": 2}], "out": 1, "params": tile,
+         "out_shape": [1, F], "out_dtype": "bfloat16"},
+        {"op": int(K.GEMV_TILE), "args": [{"s": 0}, {"in": 3}], "out": 2, "params": tile,
+         "out_shape": [1, F], "out_dtype": "bfloat16"},
+        {"op": int(K.SILU_MUL), "args": [{"s": 1}, {"s": 2}], "out": "final",
+         "params": {"n_off": 16, "N_tile": 24}},
+    ]
+    b.task(K.FUSED, [x, w, wg, wu], [y], {"recipe": {"steps": steps}})
+    b.outputs = [y]
+    fill = {"x": _rand((1, H), torch.bfloat16, 2), "norm_w": _rand((H,), torch.bfloat16),
+            "w_gate": _rand((F, H), torch.bfloat16, 0.1), "w_up": _rand((F, H), torch.bfloat16, 0.1)}
+    return Case(b.name, b.program(), fill)
 
 
 def fused_case() -> Case:

@@ -173,7 +173,7 @@ def _enc_allreduce(t, op, ins, outs, p) -> Encoded:
 
 
 def _weight_prefetch(x: View, off: int, nbytes: int, e: Encoded) -> None:
-    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0:
+    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0 and knobs.l2_prefetch():
         e.prefetch.append((x.ref, off, nbytes))
 
 
@@ -233,8 +233,13 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     # of whole rows, each one contiguous byte range.
     ring = (knobs.gemv_ring() and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= CHUNK_BYTES
             and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
+    pipe = (not ring and _pipe_on() and qmode == 0 and vec and w_ro and M == 1
+            and row_bytes % 16 == 0 and _pipe_smem_ok(Kd, n_tile, 2, Kd * w.esize // 16))
     if ring:
         call = (f"op_gemv_ring<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, "
+                f"{_b(has_bias)}>(AMK_ARGS)")
+    elif pipe:
+        call = (f"op_gemv_pipe<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, 1, "
                 f"{_b(has_bias)}>(AMK_ARGS)")
     else:
         call = (f"op_gemv<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, {tz}, {qmode}, "
@@ -242,6 +247,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     e = Encoded(int(op), call, group="GEMV")
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
                 NGROUPS=ngroups)
+    if pipe:
+        e.ip.update(PIPE=1, NMAT=1, NV=Kd * w.esize // 16, RB=row_bytes)
     if ring:
         rpc = max(1, min(n_tile, CHUNK_BYTES // row_bytes))
         e.ip["RPC"] = rpc
@@ -257,6 +264,18 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     elif has_bias:
         _weight_prefetch(ins[2], n_off * ins[2].esize, n_tile * ins[2].esize, e)
     return e
+
+
+def _pipe_on() -> bool:
+    """amk.knobs.gemv_pipe() is on and the pipe's stages have their smem (one CTA per SM)."""
+    return knobs.gemv_pipe()[0] > 0 and knobs.ctas_per_sm() == 1
+
+
+def _pipe_smem_ok(Kd: int, n_tile: int, nmat: int, nv: int) -> bool:
+    """x (fp32) and one fp32 sum per item fit in the work area (templates/gemv_pipe.cuh)."""
+    v, _ = knobs.gemv_pipe()
+    nseg = -(-nv // (32 * v))
+    return -(-Kd // 4) * 4 + nmat * n_tile * nseg <= XS_MAX
 
 
 def _enc_norm(t, op, ins, outs, p) -> Encoded:
@@ -530,7 +549,7 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
         steps.append((enc, args, [target]))
     zero = [(o, n) for o, n in zero if not _tile_reads_only(steps, (REF_SCRATCH, o))]
     _norm_into_smem(steps)
-    return steps, zero, off - scratch_base
+    return _pair_pipe_gemvs(steps), zero, off - scratch_base
 
 
 _EW_OPS = {int(K.COPY), int(K.ADD), int(K.MUL), int(K.SILU_MUL), int(K.GELU)}
@@ -599,6 +618,29 @@ def _norm_into_smem(steps) -> None:
             enc.ip["TO_SMEM"] = 1
             for j in readers:
                 steps[j][0].ip["XS_READY"] = 1
+
+
+def _pair_pipe_gemvs(steps):
+    """Two consecutive pipe GEMV steps over the same x and the same row tile (gate and up)
+    become one op_gemv_pipe of NMAT=2: one weight stream, x staged once. Runs after the
+    scratch analyses above, which look at single-output steps."""
+    out, i = [], 0
+    while i < len(steps):
+        if i + 1 < len(steps):
+            (a, aa, ao), (b, ba, bo) = steps[i], steps[i + 1]
+            same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "RB", "NV", "XS_READY")
+            if (a.ip.get("PIPE") and b.ip.get("PIPE") and len(aa) == 2 and len(ba) == 2
+                    and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
+                    and aa[1].dtype == ba[1].dtype and ao[0].dtype == bo[0].dtype
+                    and ao[0].ref != ba[0].ref and ao[0].ref != bo[0].ref):
+                e = Encoded(a.op, a.call.replace(", 1, false>(AMK_ARGS)", ", 2, false>(AMK_ARGS)"),
+                            dict(a.ip, NMAT=2), dict(a.fp), a.group, a.prefetch + b.prefetch)
+                out.append((e, [aa[0], aa[1], ba[1]], [ao[0], bo[0]]))
+                i += 2
+                continue
+        out.append(steps[i])
+        i += 1
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -174,9 +174,6 @@ __device__ void prefetch_attention(const TaskDesc& d, const unsigned long long* 
 // groups, so the scores start when K has landed while V is still on its way). Rows are padded
 // by 16 bytes (conflict-free 16-byte row reads across threads). Chunks of CR <= NT rows, CR
 // from the work area below AMK_RING_OFF. Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
 template <class T>
 __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
                                                 int cn, int hd) {
@@ -185,7 +182,7 @@ __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base
     const int r = i / nvr, v = i - r * nvr;
     cp_async16(dst + r * rs + v * 16, (const char*)(base + (long long)r * stride) + v * 16);
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  cp_async_commit();
 }
 
 template <class TQ, class TK, class TV, class TO>

@@ -6,7 +6,8 @@
 // aborts every CTA and names the task), runs the task's device function, then publishes
 // completion (fence + atomic add). Descriptors are double-buffered in shared memory: the NEXT
 // task's TaskDesc is copied (cp.async) before this task's wait, its pointers and FUSED step
-// descriptors right after this task ends, so a task starts the moment its counters are met. Counters are monotonic: wait i needs
+// descriptors right after this task ends, so a task starts the moment its counters are met;
+// a pipe GEMV's first weight items are issued before the wait too (gemv_pipe.cuh). Counters are monotonic: wait i needs
 // counter >= threshold + epoch * stride, epoch = steps completed, advanced by the last CTA out.
 
 #define MAX_PTRS $max_ptrs
@@ -14,16 +15,6 @@
 #define SLOT_PTRS 128        // pointers (task + its steps) a slot holds; larger tasks load per step
 #define DESC_WORDS ((int)(sizeof(TaskDesc) / 4))
 
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
 // Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0, the issuer or the
 // prefetching last warp). Every thread commits a group, empty or not.
 __device__ __forceinline__ void slot_stage1(const TaskDesc* src, TaskDesc* dst) {
@@ -113,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   const unsigned epoch = ld_volatile(&st->epoch);
   const int qb = qo[blockIdx.x], qe = qo[blockIdx.x + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) amk_pipe_pre = 0;
   if (threadIdx.x == AMK_ISSUER) {
     const unsigned* so = (const unsigned*)A.stream_off;
     const unsigned sb = so[blockIdx.x];
@@ -144,15 +136,20 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
 #endif
     if (threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
     if (warp == NWARPS - 1 && next >= 0) prefetch_task(tasks + next, A, lane);
+    cp_async_wait<0>();            // this task's stage 2 (issued when the previous one ended)
+    __syncthreads();
+    const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
     if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during this task
     else cp_async_commit();
+    // Weights before the wait: the first items of the task's pipe GEMV (gemv_pipe.cuh), issued
+    // after stage 1's group so the GEMV's group count sees only its own groups after them.
+    pipe_preload_task(T, s_subs[slot], fits, s_ptrs[slot], smem);
     if (threadIdx.x == 0) {
       s_ok = wait_task(&T, A, epoch) ? 1 : 0;
 #ifdef AMK_PROFILE
       prof[4 * i + 1] = global_timer();
 #endif
     }
-    cp_async_wait<1>();            // this task's stage 2 (issued when the previous one ended)
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
     if (T.op == OP_FUSED) {
@@ -163,7 +160,6 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
         for (unsigned long long k = threadIdx.x; k < n16; k += NT) ((uint4*)za)[k] = make_uint4(0u, 0u, 0u, 0u);
         for (unsigned long long k = n16 * 16 + threadIdx.x; k < zn; k += NT) ((char*)za)[k] = 0;
       }
-      const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
       for (int s = 0; s < T.n_sub; s++) {
         if (fits) {
           if (s > 0 || T.n_zero > 0) __syncthreads();

@@ -1,0 +1,87 @@
+"""The pipe GEMV (AMK_GEMV_PIPE, templates/gemv_pipe.cuh) on the CPU: which GEMVs take it, the
+gate/up pairing, the knob, and that every variant compiles for sm_90a within the CTA's smem."""
+import re
+
+import pytest
+
+pytest.importorskip("cuda.bindings")
+
+from amk import knobs
+from amk.program.ir import InstructionKind as K
+from amk.backends.cuda import abi, codegen, compile_source, examples, render
+from amk.backends.cuda.lower import lower_program
+
+
+def _variants(case_name: str) -> list[str]:
+    case = next(c for c in examples.cases() if c.name == case_name)
+    return lower_program(case.program).variants
+
+
+def test_float_batch1_gemvs_take_the_pipe_and_others_do_not(monkeypatch):
+    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
+    assert knobs.gemv_pipe() == (4, 4)
+    assert any(v.startswith("op_gemv_pipe<bf16, bf16, bf16, bf16, 1, true>")
+               for v in _variants("gemv_bf16_bias_tile"))
+    assert any(v.startswith("op_gemv_pipe<bf16, float, bf16, float, 1, false>")
+               for v in _variants("gemv_f32_k1000_odd_rows"))
+    batched = _variants("gemv_f32_batched_novec")          # M = 3 and K = 100 (not 16-byte rows)
+    assert not any("op_gemv_pipe" in v for v in batched)
+    assert not any("op_gemv_pipe" in v for v in _variants("gemv_i4_k256_g64"))
+
+
+def test_gate_and_up_become_one_stream_of_two_matrices(monkeypatch):
+    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
+    case = examples.gate_up_case()
+    low = lower_program(case.program)
+    d = low.tasks[0]
+    subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
+    assert [int(s["op"]) for s in subs] == [int(K.RMSNORM), int(K.GEMV_TILE), int(K.SILU_MUL)]
+    g = subs[1]
+    ip = lambda name: int(g["ip"][abi.ip_index("GEMV", name)])
+    assert (ip("PIPE"), ip("NMAT"), ip("NV"), ip("RB"), ip("XS_READY")) == (1, 2, 40, 640, 1)
+    assert (int(g["n_in"]), int(g["n_out"])) == (3, 2)           # x, W_gate, W_up -> y_gate, y_up
+    assert "op_gemv_pipe<bf16, bf16, bf16, float, 2, false>(AMK_ARGS)" in low.variants
+    assert d["n_ptr_all"] == d["n_in"] + d["n_out"] + sum(int(s["n_in"] + s["n_out"]) for s in subs)
+
+
+def test_fused_gemvs_writing_one_scratch_are_not_paired(monkeypatch):
+    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
+    low = lower_program(examples.fused_case().program)       # two k tiles into one scratch
+    assert not any(", 2, false>" in v for v in low.variants)
+
+
+def test_knob_off_ring_on_or_two_ctas_use_the_other_gemvs(monkeypatch):
+    prog = examples.gate_up_case().program
+    for env in ({"AMK_GEMV_PIPE": "0"}, {"AMK_GEMV_RING": "1"}, {"AMK_CTAS_PER_SM": "2"}):
+        for k in ("AMK_GEMV_PIPE", "AMK_GEMV_RING", "AMK_CTAS_PER_SM"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert not any("op_gemv_pipe" in v for v in lower_program(prog).variants), env
+
+
+@pytest.mark.parametrize("bad", ["3x4", "4x1", "8x4", "fast"])
+def test_bad_pipe_knob_is_a_clear_error(monkeypatch, bad):
+    monkeypatch.setenv("AMK_GEMV_PIPE", bad)
+    with pytest.raises(ValueError, match="AMK_GEMV_PIPE"):
+        knobs.gemv_pipe()
+
+
+@pytest.mark.parametrize("pipe", ["1", "2x8", "8x2"])
+def test_all_cases_compile_with_the_pipe_within_the_ctas_smem(tmp_path, monkeypatch, pipe):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("AMK_GEMV_PIPE", pipe)
+    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
+    monkeypatch.setenv("AMK_CTAS_PER_SM", "1")
+    src = render(examples.combined_program())
+    v, s = knobs.gemv_pipe()
+    assert f"#define AMK_PIPE_V {v}\n#define AMK_PIPE_S {s}\n" in src
+    assert "op_gemv_pipe<" in src
+    assert codegen.NTHREADS // 32 * v * s * 512 <= codegen.RING_STAGES * 32768   # stages fit
+    res = compile_source(src, "sm_90a")
+    static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
+    assert codegen.SMEM_BYTES + static <= 227 * 1024
+    assert re.search(r"op_gemv_pipe.*\n.*0 bytes spill stores", res.log)
