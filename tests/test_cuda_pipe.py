@@ -85,3 +85,33 @@ def test_all_cases_compile_with_the_pipe_within_the_ctas_smem(tmp_path, monkeypa
     static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
     assert codegen.SMEM_BYTES + static <= 227 * 1024
     assert re.search(r"op_gemv_pipe.*\n.*0 bytes spill stores", res.log)
+
+
+def test_combine_leaves_x_in_smem_and_the_pipe_gemv_adds_the_residual(monkeypatch):
+    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
+    low = lower_program(examples.combine_o_add_case().program)
+    d = low.tasks[0]
+    subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
+    assert [int(s["op"]) for s in subs] == [int(K.ATTENTION_COMBINE), int(K.GEMV_TILE)]
+    assert subs[0]["ip"][abi.ip_index("COMB", "TO_SMEM")] == 1
+    assert subs[1]["ip"][abi.ip_index("GEMV", "XS_READY")] == 1
+    assert (int(subs[1]["n_in"]), int(subs[1]["n_out"])) == (3, 1)     # x, wo, h -> y
+    assert "op_gemv_pipe<bf16, bf16, bf16, float, 1, false, true, bf16, float>(AMK_ARGS)" in low.variants
+
+
+def test_an_add_that_broadcasts_or_reads_other_columns_is_not_folded(monkeypatch):
+    from amk.backends.cuda.lower import Encoded, View, REF_SCRATCH, _fold_add
+    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    from amk.program.ir import DType
+    s = View((1, 64), DType.BF16, (REF_SCRATCH, 0))
+    x, r, o = (View((1, 64), DType.BF16, (0, i)) for i in (1, 2, 3))
+    g = Encoded(int(K.GEMV_TILE), "op_gemv_pipe<bf16, bf16, bf16, float, 1, false>(AMK_ARGS)",
+                ip=dict(PIPE=1, NMAT=1, N_OFF=0, N_TILE=16, N=64))
+    add = lambda c1, rs: Encoded(int(K.ADD), "", ip=dict(  # noqa: E731
+        KIND=abi.EW_KINDS.index("ADD"), ROWS=1, COLS=64, C0=0, C1=c1, A_RS=64, B_RS=rs, A_CS=1, B_CS=1))
+    assert len(_fold_add([(g, [x, x], [s]), (add(16, 64), [s, r], [o])])) == 1
+    assert len(_fold_add([(g, [x, x], [s]), (add(32, 64), [s, r], [o])])) == 2   # other columns
+    assert len(_fold_add([(g, [x, x], [s]), (add(16, 0), [s, r], [o])])) == 2    # broadcast
+    later = (add(16, 64), [s, r], [x])                                           # s read again
+    assert len(_fold_add([(g, [x, x], [s]), (add(16, 64), [s, r], [o]), later])) == 3

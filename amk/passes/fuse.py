@@ -26,8 +26,11 @@ from amk.passes.sync import rebuilt, regions_of, remember_regions, resync, witho
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
 from amk.program.regions import Region
 
-# Ops cheap enough to recompute in every reader (no weight matrix streamed).
-CHEAP = frozenset({K.RMSNORM, K.LAYERNORM, K.ROPE, K.ADD, K.MUL, K.SILU_MUL, K.GELU, K.COPY})
+# Ops cheap enough to recompute in every reader (no weight matrix streamed). A combine reads
+# every partial (P x heads x (hd+2) floats), still cheaper than a task hand-off on a GPU; it is
+# only recomputed where a rule allows it (options.COMBINE_INTO_GEMV, the cuda backend's).
+CHEAP = frozenset({K.RMSNORM, K.LAYERNORM, K.ROPE, K.ADD, K.MUL, K.SILU_MUL, K.GELU, K.COPY,
+                   K.ATTENTION_COMBINE})
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 _RECIPE_DTYPE = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16",
                  DType.I32: "int32", DType.I8: "int8"}

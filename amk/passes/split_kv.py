@@ -5,7 +5,8 @@ rows [p*S, (p+1)*S), S = ceil(max_seq / P), restricted to the q heads of kv head
 h_count). It writes rows [h_off, h_off+h_count) of partial buffer p, an f32 ACTIVATION of
 [.., n_heads*(head_dim+2)] (= [acc | m | l] per head). The runtime pos clamps every shard; a
 shard past pos+1 is empty and writes acc=0, m=-inf, l=0, which the combine weighs 0. One
-ATTENTION_COMBINE per group merges its P partials into the group's heads of the output.
+ATTENTION_COMBINE per group merges its P partials into the group's heads of the output (or one
+over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
 
 P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
 no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group.
@@ -80,6 +81,8 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
                 out.append(Task(t.id, t.op, t.inputs, (parts[s],), sp, t.waits, next_counter,
                                 f"{t.name}[kv {g}/{groups} shard {s}/{P}]"))
         # the combines take the attention's counter, so its consumers' waits stay right
+        if not opts.combine_per_group:
+            heads = [{}]                          # one combine over every head
         for g, h in enumerate(heads):
             cp = {"head_dim": hd, "n_heads": nh, **h}
             out.append(Task(t.id, K.ATTENTION_COMBINE, tuple(parts), t.outputs, cp,

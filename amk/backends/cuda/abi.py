@@ -80,7 +80,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
              "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES"),
-    "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P"),
+    "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
     "EMBED": ("B", "H", "V", "IDS64"),
     "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM"),
     "ARGMAX": ("ROWS", "V", "OUT64"),

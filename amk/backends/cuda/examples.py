@@ -231,7 +231,47 @@ def cases() -> list[Case]:
                      {"x": _rand((1, 1000), tb), "W": _rand((50, 1000), tf, 0.05)}))
     C.append(fused_case())
     C.append(gate_up_case())
+    C.append(combine_o_add_case())
     return C
+
+
+def combine_o_add_case() -> Case:
+    """split-KV combine -> o-projection tile -> residual add, one FUSED task (the cuda pass
+    options build these): the combine leaves x in shared memory, the pipe GEMV adds the
+    residual itself (lower._fold_add)."""
+    P, nh, hd, N = 3, 4, 32, 64
+    H = nh * hd
+    b = Builder("fused_combine_o_add")
+    parts = [b.buf(f"part{p}", BK.IO_INPUT, D.F32, (1, nh * (hd + 2))) for p in range(P)]
+    wo = b.buf("wo", BK.WEIGHT, D.BF16, (N, H))
+    h = b.buf("h", BK.IO_INPUT, D.BF16, (1, N))
+    y = b.buf("y", BK.IO_OUTPUT, D.F32, (1, N))
+    steps = [
+        {"op": int(K.ATTENTION_COMBINE), "args": [{"in": p} for p in range(P)], "out": 0,
+         "params": {"head_dim": hd, "n_heads": nh}, "out_shape": [1, H], "out_dtype": "bfloat16"},
+        {"op": int(K.GEMV_TILE), "args": [{"s": 0}, {"in": P}], "out": 1,
+         "params": {"n_off": 16, "N_tile": 40, "K": H}, "out_shape": [1, N], "out_dtype": "bfloat16"},
+        {"op": int(K.ADD), "args": [{"in": P + 1}, {"s": 1}], "out": "final",
+         "params": {"n_off": 16, "N_tile": 40}},
+    ]
+    b.task(K.FUSED, parts + [wo, h], [y], {"recipe": {"steps": steps}})
+    b.outputs = [y]
+    fill = {"wo": _rand((N, H), torch.bfloat16, 0.1), "h": _rand((1, N), torch.bfloat16)}
+    for p in range(P):
+        fill[f"part{p}"] = _partial(nh, hd, empty_head=0 if p == 1 else None)
+    return Case(b.name, b.program(), fill)
+
+
+def _partial(nh: int, hd: int, empty_head: int | None):
+    """A split-KV partial [1, nh*(hd+2)] = [acc | m | l] per head, l > 0; an empty shard's
+    head (m = -inf, l = 0) where asked."""
+    def make(g):
+        t = torch.randn((1, nh, hd + 2), generator=g)
+        t[..., hd + 1] = t[..., hd + 1].abs() + 0.5
+        if empty_head is not None:
+            t[0, empty_head, hd], t[0, empty_head, hd + 1] = float("-inf"), 0.0
+        return t.reshape(1, nh * (hd + 2))
+    return make
 
 
 def gate_up_case() -> Case:

@@ -549,7 +549,7 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
         steps.append((enc, args, [target]))
     zero = [(o, n) for o, n in zero if not _tile_reads_only(steps, (REF_SCRATCH, o))]
     _norm_into_smem(steps)
-    return _pair_pipe_gemvs(steps), zero, off - scratch_base
+    return _fold_add(_pair_pipe_gemvs(steps)), zero, off - scratch_base
 
 
 _EW_OPS = {int(K.COPY), int(K.ADD), int(K.MUL), int(K.SILU_MUL), int(K.GELU)}
@@ -597,15 +597,27 @@ def _tile_reads_only(steps, ref) -> bool:
     return True
 
 
+def _x_width(enc: Encoded) -> int | None:
+    """Elements of a one-row norm / whole-output batch-1 combine (x producers), else None."""
+    if enc.op in (int(K.RMSNORM), int(K.LAYERNORM)) and enc.ip["ROWS"] == 1:
+        return enc.ip["H"]
+    if (enc.op == int(K.ATTENTION_COMBINE) and enc.ip["B"] == 1 and enc.ip["H_OFF"] == 0
+            and enc.ip["H_COUNT"] == enc.ip["NH"]):
+        return enc.ip["NH"] * enc.ip["HD"]
+    return None
+
+
 def _norm_into_smem(steps) -> None:
-    """A one-row norm whose scratch output only the GEMV steps right after it read as x: the
-    norm writes x into the GEMVs' shared-memory staging area (fp32, rounded through the
-    scratch dtype as before) and the GEMVs skip staging it, so x never goes through global."""
+    """A one-row norm (or a whole batch-1 combine) whose scratch output only the GEMV steps
+    right after it read as x: it writes x into the GEMVs' shared-memory staging area (fp32,
+    rounded through the scratch dtype as before) and the GEMVs skip staging it, so x never
+    goes through global memory."""
     for i, (enc, _, outs) in enumerate(steps):
-        if enc.op not in (int(K.RMSNORM), int(K.LAYERNORM)) or enc.ip["ROWS"] != 1:
+        H = _x_width(enc)
+        if H is None:
             continue
         ref = outs[0].ref
-        if ref[0] != REF_SCRATCH or enc.ip["H"] > XS_MAX:
+        if ref[0] != REF_SCRATCH or H > XS_MAX:
             continue
         readers = [j for j, (_, a, _) in enumerate(steps) if any(v.ref == ref for v in a)]
         writers = [j for j, (_, _, o) in enumerate(steps) if o[0].ref == ref]
@@ -613,7 +625,7 @@ def _norm_into_smem(steps) -> None:
             continue
         if all(steps[j][0].op in (int(K.GEMV_TILE), int(K.GEMM_TILE))
                and steps[j][1][0].ref == ref and all(v.ref != ref for v in steps[j][1][1:])
-               and steps[j][0].ip["M"] == 1 and steps[j][0].ip["K"] == enc.ip["H"]
+               and steps[j][0].ip["M"] == 1 and steps[j][0].ip["K"] == H
                for j in readers):
             enc.ip["TO_SMEM"] = 1
             for j in readers:
@@ -636,6 +648,36 @@ def _pair_pipe_gemvs(steps):
                 e = Encoded(a.op, a.call.replace(", 1, false>(AMK_ARGS)", ", 2, false>(AMK_ARGS)"),
                             dict(a.ip, NMAT=2), dict(a.fp), a.group, a.prefetch + b.prefetch)
                 out.append((e, [aa[0], aa[1], ba[1]], [ao[0], bo[0]]))
+                i += 2
+                continue
+        out.append(steps[i])
+        i += 1
+    return out
+
+
+def _fold_add(steps):
+    """A pipe GEMV tile into a scratch that only the next step reads, an ADD of that tile and a
+    residual at the same columns (o + h, down + h): the GEMV adds the residual itself and
+    writes the ADD's output (op_gemv_pipe ADD). Runs last, like _pair_pipe_gemvs."""
+    out, i = [], 0
+    while i < len(steps):
+        if i + 1 < len(steps):
+            (g, ga, go), (a, aa, ao) = steps[i], steps[i + 1]
+            y = go[0]
+            full = ("A_RS", "B_RS")
+            if (g.ip.get("PIPE") and g.ip["NMAT"] == 1 and a.op == int(K.ADD) and len(aa) == 2
+                    and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
+                    and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
+                    and all(a.ip[k] == a.ip["COLS"] for k in full) and a.ip["A_CS"] == a.ip["B_CS"] == 1
+                    and ao[0].cols == y.cols == g.ip["N"] and y.ref[0] == REF_SCRATCH
+                    and all(v.dtype in FLOATS for v in aa + ao)
+                    and [v.ref for v in aa].count(y.ref) == 1
+                    and not any(v.ref == y.ref for _, later, _ in steps[i + 2:] for v in later)):
+                res = aa[1] if aa[0].ref == y.ref else aa[0]
+                call = g.call.replace(">(AMK_ARGS)", f", true, {_ct(None, res.dtype)}, "
+                                                     f"{_ft(None, ao[0].dtype)}>(AMK_ARGS)")
+                e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, g.prefetch + a.prefetch)
+                out.append((e, ga + [res], [ao[0]]))
                 i += 2
                 continue
         out.append(steps[i])

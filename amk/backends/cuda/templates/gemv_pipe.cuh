@@ -53,14 +53,19 @@ __device__ __forceinline__ void pipe_preload(const TaskDesc& d, void* const* P, 
   if (threadIdx.x == 0) amk_pipe_pre = 1;
 }
 
-// P: x, W_1..W_NMAT, [bias (NMAT == 1)], then y_1..y_NMAT.
-template <class TX, class TW, class TY, class TS, int NMAT, bool BIAS>
+// P: x, W_1..W_NMAT, [bias (NMAT == 1)], [residual (ADD)], then y_1..y_NMAT.
+// ADD (NMAT == 1, lower._fold_add): the FUSED step after the GEMV added a residual to its
+// tile; the sum, rounded to the GEMV's output type TY first as that step did, gets the residual
+// added here and goes out as TO: one global round trip and one barrier fewer.
+template <class TX, class TW, class TY, class TS, int NMAT, bool BIAS, bool ADD = false,
+          class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv_pipe(AMK_PARAMS) {
   constexpr int VW = VecN<TW>::N;
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const PipeGeo g = pipe_geo(d);
   const TX* x = (const TX*)P[0];
   const TS* bias = (const TS*)P[BIAS ? 1 + NMAT : 0];
+  const TR* res = (const TR*)P[ADD ? 1 + NMAT + (BIAS ? 1 : 0) : 0];
   float* xs = (float*)smem;
   float* part = xs + ((Kd + 3) & ~3);           // one sum per item (lower checks it fits)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -101,12 +106,13 @@ __device__ __noinline__ void op_gemv_pipe(AMK_PARAMS) {
     for (int k = 0; k < g.nseg; k++) s += part[r * g.nseg + k];
     const int mat = r / n_tile, row = r - mat * n_tile;
     if (BIAS) s += to_f(bias[n_off + row]);
-    ((TY*)P[d.n_in + mat])[n_off + row] = from_f<TY>(s);
+    if (ADD) ((TO*)P[d.n_in])[n_off + row] = from_f<TO>(to_f(from_f<TY>(s)) + to_f(res[n_off + row]));
+    else ((TY*)P[d.n_in + mat])[n_off + row] = from_f<TY>(s);
   }
 }
 
-// The task's pipe GEMV, when it is the task or a FUSED step that only norms precede (nothing
-// else commits cp.async groups between the preload and the GEMV): preload it.
+// The task's pipe GEMV, when it is the task or a FUSED step that only norms or a combine
+// precede (nothing else commits cp.async groups between the preload and the GEMV): preload it.
 __device__ __forceinline__ void pipe_preload_task(const TaskDesc& T, const TaskDesc* subs, bool fits,
                                                   void* const* sp, char* smem) {
   if (T.op == OP_GEMV_TILE || T.op == OP_GEMM_TILE) {
@@ -120,6 +126,6 @@ __device__ __forceinline__ void pipe_preload_task(const TaskDesc& T, const TaskD
       pipe_preload(S, sp + (S.ptr_begin - T.ptr_begin), smem);
       return;
     }
-    if (S.op != OP_RMSNORM && S.op != OP_LAYERNORM) return;
+    if (S.op != OP_RMSNORM && S.op != OP_LAYERNORM && S.op != OP_ATTENTION_COMBINE) return;
   }
 }

@@ -234,10 +234,13 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 }
 
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
+// TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
+// into the next GEMVs' fp32 x staging area at smem[0] instead of y.
 template <class TP, class TO>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
   const int B = d.ip[P_COMB_B], np = d.ip[P_COMB_P];
+  const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   for (int i = threadIdx.x; i < B * hc * hd; i += NT) {
     int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
@@ -251,6 +254,7 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
       float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
       l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
     }
-    y[((long long)b * nh + h) * hd + dd] = from_f<TO>(acc / fmaxf(l, 1e-20f));
+    const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
+    if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
   }
 }

@@ -64,14 +64,14 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
   for (int i = 0; i < t->n_waits; i++) {
     const unsigned* c = counters + w[i].counter;
     const unsigned target = w[i].threshold + epoch * w[i].stride;
-    unsigned v = ld_volatile(c);
+    unsigned v = ld_acquire(c);     // acquire: no fence after (a fence.sc costs microseconds)
     if ((int)(v - target) >= 0) continue;
     unsigned last = v, ns = 16;
     unsigned long long t_last = global_timer();
     for (;;) {
       __nanosleep(ns);
       if (ns < 128) ns <<= 1;
-      v = ld_volatile(c);
+      v = ld_acquire(c);
       if ((int)(v - target) >= 0) break;
       const unsigned long long now = global_timer();
       const bool aborting = ld_volatile(&st->abort) != 0;
@@ -85,8 +85,7 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
       }
     }
   }
-  __threadfence();                 // acquire: the producers' writes are visible from here on
-  return true;
+  return true;                     // the acquire loads made the producers' writes visible
 }
 
 extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel(const __grid_constant__ KernelArgs A) {
@@ -178,10 +177,8 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     const int out_counter = T.out_counter;   // the slot is refilled once everyone passes below
     cp_async_wait<0>();            // the next task's descriptor (issued before this task's wait)
     __syncthreads();
-    if (threadIdx.x == 0 && out_counter >= 0) {
-      __threadfence();             // release: this task's writes before the count
-      atomicAdd((unsigned*)A.counters + out_counter, 1u);
-    }
+    if (threadIdx.x == 0 && out_counter >= 0)   // after the barrier: the CTA's writes, released
+      red_release_add((unsigned*)A.counters + out_counter, 1u);
     if (next >= 0) slot_stage2(s_task[slot ^ 1], tasks, ptrs, s_subs[slot ^ 1], s_ptrs[slot ^ 1]);
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) {
