@@ -58,12 +58,29 @@ def profile() -> bool:
 
 
 def gemv_ring() -> bool:
-    """AMK_GEMV_RING=1: the CUDA backend streams float batch-1 GEMV weight tiles through shared
-    memory: per CTA, the weight chunks of its whole queue form one stream that the bulk-copy
-    engine keeps RING_STAGES chunks ahead of the GEMVs, across task boundaries (so the next
-    tasks' weights land while their counters are waited on). 0: direct 16-byte loads.
+    """AMK_GEMV_RING=1|SxK: the CUDA backend streams float batch-1 GEMV weight tiles through
+    shared memory: per CTA, the weight chunks of its whole queue form one stream that the
+    bulk-copy engine keeps S chunks of K KiB ahead of the GEMVs (1 = 4x32), across task
+    boundaries (so the next tasks' weights land while their counters are waited on). 0: off.
     Opt-in: correct, but measured slower than the direct loads on an H200 (bench/NOTES.md, v3)."""
-    return _int("AMK_GEMV_RING", 0) != 0
+    return gemv_ring_shape()[0] > 0
+
+
+def gemv_ring_shape() -> tuple[int, int]:
+    """(stages, chunk bytes) of AMK_GEMV_RING (see gemv_ring); (0, 0) when off."""
+    v = os.environ.get("AMK_GEMV_RING", "") or "0"
+    if v == "0":
+        return 0, 0
+    if v == "1":
+        return 4, 32768
+    try:
+        st, kib = (int(p) for p in v.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"AMK_GEMV_RING={v!r}: expected 0, 1 or SxK such as 8x16") from None
+    if not 2 <= st <= 16 or kib not in (8, 16, 32) or st * kib > 128:
+        raise ValueError(f"AMK_GEMV_RING={v!r}: S in 2..16 stages of K in 8, 16, 32 KiB, "
+                         "S*K <= 128 KiB")
+    return st, kib * 1024
 
 
 def attn_smem() -> bool:
@@ -111,4 +128,4 @@ def l2_prefetch() -> bool:
 
 def lowering_knobs() -> tuple:
     """Every knob that changes the CUDA lowering (part of its cache keys)."""
-    return (gemv_ring(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch())
+    return (gemv_ring_shape(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch())

@@ -13,7 +13,7 @@ from string import Template
 
 from amk.program.ir import Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.lower import CHUNK_BYTES, Lowered
+from amk.backends.cuda.lower import RING_BYTES, Lowered
 from amk.backends.cuda.lowered_cache import lower_program_cached
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
@@ -25,10 +25,9 @@ NTHREADS = THREADS_PER_SM        # one CTA per SM (the default)
 MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
 GEMV_SMEM = 64 * 1024            # x staged as fp32 (lower.XS_MAX floats)
 ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
-RING_STAGES = 4                  # the weight stream's stages (templates/common.cuh) after that
-RING_OFF = max(GEMV_SMEM, ATTN_SMEM)
+RING_OFF = max(GEMV_SMEM, ATTN_SMEM)   # then the weight stream's stages or the pipe's
 STREAM_WIN = 128                 # stream entries per half of the smem window (16 B each)
-WIN_OFF = RING_OFF + RING_STAGES * CHUNK_BYTES
+WIN_OFF = RING_OFF + RING_BYTES
 SMEM_BYTES = WIN_OFF + 2 * STREAM_WIN * 16        # 196 KiB of the 227 KiB a CTA may have
 
 
@@ -66,6 +65,9 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
         raise CompileError(f"CUDA backend: AMK_CTAS_PER_SM={k} leaves no room for the weight-stream "
                            "ring (196 KiB a CTA); set AMK_GEMV_RING=0 or AMK_CTAS_PER_SM=1")
     nt, _ = launch_shape(k)
+    ring_stages, chunk = knobs.gemv_ring_shape()
+    if not ring_stages:          # off: the stream's code still compiles, nothing calls it
+        ring_stages, chunk = 4, RING_BYTES // 4
     pipe_v, pipe_s = knobs.gemv_pipe()
     if not pipe_v:               # off: the template still compiles, nothing calls it
         pipe_v, pipe_s = 1, 2
@@ -77,7 +79,7 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
     parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {nt}\n#define AMK_CTAS_PER_SM {k}\n"
              f"#define AMK_RING_OFF {RING_OFF}\n"
-             f"#define AMK_RING_STAGES {RING_STAGES}\n#define AMK_CHUNK {CHUNK_BYTES}\n"
+             f"#define AMK_RING_STAGES {ring_stages}\n#define AMK_CHUNK {chunk}\n"
              f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n"
              f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n",
              abi.render_header()]

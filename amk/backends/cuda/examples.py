@@ -229,6 +229,11 @@ def cases() -> list[Case]:
                      [("x", BK.IO_INPUT, bf, (1, 1000)), ("W", BK.WEIGHT, f32, (50, 1000))],
                      [("y", BK.IO_OUTPUT, bf, (1, 50))], {"n_off": 13, "N_tile": 37, "K": 1000},
                      {"x": _rand((1, 1000), tb), "W": _rand((50, 1000), tf, 0.05)}))
+    C.append(_single("combine20_many_heads", K.ATTENTION_COMBINE,   # 20 x 40 > 512: the slow path
+                     [(f"p{i}", BK.IO_INPUT, f32, (1, 40 * 18)) for i in range(20)],
+                     [("y", BK.IO_OUTPUT, f32, (1, 40 * 16))], {"head_dim": 16, "n_heads": 40},
+                     {f"p{i}": _partial(40, 16, empty_head=i % 3 if i % 2 else None)
+                      for i in range(20)}))
     C.append(fused_case())
     C.append(gate_up_case())
     C.append(combine_o_add_case())

@@ -28,7 +28,7 @@ RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.B
                                          DType.U8)}}
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 XS_MAX = 16384          # floats of x a GEMV stages in shared memory (64 KiB); K must fit
-CHUNK_BYTES = 32768     # one stage of the weight stream (codegen.RING_STAGES of them in smem)
+RING_BYTES = 131072     # smem of the weight stream's stages (knobs.gemv_ring_shape) or the pipe's
 HD_MAX = 256            # largest attention head_dim the templates handle
 SCRATCH_ALIGN = 256
 
@@ -231,7 +231,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     # Float weights of a read-only buffer, batch 1: the tile's rows come through the CTA's
     # weight stream (shared memory, bulk copies running ahead across task boundaries) in chunks
     # of whole rows, each one contiguous byte range.
-    ring = (knobs.gemv_ring() and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= CHUNK_BYTES
+    chunk = knobs.gemv_ring_shape()[1]
+    ring = (chunk > 0 and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= chunk
             and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
     pipe = (not ring and _pipe_on() and qmode == 0 and vec and w_ro and M == 1
             and row_bytes % 16 == 0 and _pipe_smem_ok(Kd, n_tile, 2, Kd * w.esize // 16))
@@ -250,7 +251,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     if pipe:
         e.ip.update(PIPE=1, NMAT=1, NV=Kd * w.esize // 16, RB=row_bytes)
     if ring:
-        rpc = max(1, min(n_tile, CHUNK_BYTES // row_bytes))
+        rpc = max(1, min(n_tile, chunk // row_bytes))
         e.ip["RPC"] = rpc
         e.chunks = [(w.ref, (n_off + r) * row_bytes, min(rpc, n_tile - r) * row_bytes)
                     for r in range(0, n_tile, rpc)]

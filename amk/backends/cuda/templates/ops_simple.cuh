@@ -236,23 +236,56 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 // TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
+// Every partial's m and l are loaded at once (one per thread), then each (head, partial) weight
+// once, then the accs: three dependent L2 round trips, not two per output element.
+#define COMB_MAX 512                            // (batch, head, partial) triples of the fast path
 template <class TP, class TO>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
   const int B = d.ip[P_COMB_B], np = d.ip[P_COMB_P];
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
+  __shared__ float cm[COMB_MAX], cl[COMB_MAX], cL[COMB_MAX];
+  const int nw = B * hc * np;
+  const bool fast = nw <= COMB_MAX;
+  if (fast) {
+    for (int i = threadIdx.x; i < nw; i += NT) {            // i = (b * hc + h') * np + p
+      const int p = i % np, bh = i / np, b = bh / hc, h = h0 + bh % hc;
+      const TP* pp = (const TP*)P[p] + ((long long)b * nh + h) * (hd + 2);
+      cm[i] = to_f(pp[hd]); cl[i] = to_f(pp[hd + 1]);
+    }
+    __syncthreads();
+    for (int bh = threadIdx.x; bh < B * hc; bh += NT) {     // weights in place of m, L per head
+      float m = -__int_as_float(0x7f800000);
+      for (int p = 0; p < np; p++) m = fmaxf(m, cm[bh * np + p]);
+      float l = 0.f;
+      for (int p = 0; p < np; p++) {
+        const float lp = cl[bh * np + p];
+        const float wgt = lp > 0.f ? expf(cm[bh * np + p] - m) : 0.f;
+        l += lp * wgt; cm[bh * np + p] = wgt;
+      }
+      cL[bh] = l;
+    }
+    __syncthreads();
+  }
   for (int i = threadIdx.x; i < B * hc * hd; i += NT) {
     int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
     long long base = ((long long)b * nh + h) * (hd + 2);
-    float m = -__int_as_float(0x7f800000);
-    for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
     float l = 0.f, acc = 0.f;
-    for (int p = 0; p < np; p++) {
-      const TP* pp = (const TP*)P[p];
-      float lp = to_f(pp[base + hd + 1]);
-      float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
-      l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
+    if (fast) {
+      const int bh = b * hc + r / hd;
+#pragma unroll 8
+      for (int p = 0; p < np; p++) acc += to_f(((const TP*)P[p])[base + dd]) * cm[bh * np + p];
+      l = cL[bh];
+    } else {
+      float m = -__int_as_float(0x7f800000);
+      for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+      for (int p = 0; p < np; p++) {
+        const TP* pp = (const TP*)P[p];
+        float lp = to_f(pp[base + hd + 1]);
+        float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
+        l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
+      }
     }
     const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
     if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
