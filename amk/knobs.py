@@ -104,9 +104,10 @@ def gemv_pipe() -> tuple[int, int]:
     """AMK_GEMV_PIPE=0|1|VxS: a float batch-1 GEMV of read-only weights streams its tile through
     a per-warp cp.async ring in shared memory (templates/gemv_pipe.cuh): V 16-byte vectors a
     lane per item, S items in flight a warp, the first S-1 issued before the task's counter
-    wait. Returns (V, S); (0, 0) = off (the direct-load op_gemv). 1 = 4x4. Ignored under
-    AMK_GEMV_RING=1 (the two share the shared-memory area past the work area)."""
-    v = os.environ.get("AMK_GEMV_PIPE", "") or "1"
+    wait. Returns (V, S); (0, 0) = off (the direct-load op_gemv, the default: the pipe measured
+    slower on an H200, bench/NOTES.md v8). 1 = 4x4. Ignored under AMK_GEMV_RING (the two share
+    the shared-memory area past the work area)."""
+    v = os.environ.get("AMK_GEMV_PIPE", "") or "0"
     if v == "0":
         return 0, 0
     if v == "1":
@@ -120,12 +121,36 @@ def gemv_pipe() -> tuple[int, int]:
     return vv, ss
 
 
-def l2_prefetch() -> bool:
-    """AMK_L2_PREFETCH=0: the CUDA scheduler does not prefetch the next task's weight ranges
-    into L2 (default 1: it does, before the current task's counter wait)."""
-    return _int("AMK_L2_PREFETCH", 1) != 0
+def l2_prefetch() -> int:
+    """AMK_L2_PREFETCH: which weight ranges the CUDA scheduler prefetches into L2 before a
+    task's counter wait. 0: none (default: measured fastest on an H200, bench/NOTES.md v8);
+    1: the NEXT task's; 2: the task's own (the wait hides the HBM -> L2 copy)."""
+    n = _int("AMK_L2_PREFETCH", 0)
+    if n not in (0, 1, 2):
+        raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0, 1 or 2")
+    return n
+
+
+def spin_ns() -> int:
+    """AMK_SPIN_NS: the longest sleep (ns) between two polls of a counter by a waiting CTA
+    (the backoff doubles from 16 up to it). Every waiting SM polls the same counter, so short
+    sleeps load one L2 slice; long ones wake consumers late."""
+    n = _int("AMK_SPIN_NS", 128)
+    if not 16 <= n <= 1 << 16:
+        raise ValueError(f"AMK_SPIN_NS={n}: expected 16..65536")
+    return n
+
+
+def counter_stride() -> int:
+    """AMK_COUNTER_STRIDE: 4-byte words between two counters in device memory (1 = packed;
+    64 = one 256-byte line each, so counters of different stages live in different L2 lines)."""
+    n = _int("AMK_COUNTER_STRIDE", 1)
+    if n < 1 or n > 1024 or n & (n - 1):
+        raise ValueError(f"AMK_COUNTER_STRIDE={n}: expected a power of two in 1..1024")
+    return n
 
 
 def lowering_knobs() -> tuple:
-    """Every knob that changes the CUDA lowering (part of its cache keys)."""
-    return (gemv_ring_shape(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch())
+    """Every knob that changes the CUDA lowering, source or runtime (part of the cache keys)."""
+    return (gemv_ring_shape(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch(),
+            spin_ns(), counter_stride())

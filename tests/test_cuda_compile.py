@@ -140,13 +140,14 @@ def test_all_cases_compile_with_the_weight_stream_on_and_off(cache, monkeypatch,
     assert codegen.SMEM_BYTES + static <= 227 * 1024, "over the 227 KiB a CTA may have"
 
 
-def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_all_pointers():
+def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_all_pointers(monkeypatch):
     """1B-shaped layer: column-tile scratch that is read only inside its tile is not zeroed,
     norm -> GEMV chains hand x over in shared memory, and each task's pointers (its own, then
     its steps') are one contiguous run of n_ptr_all entries (the scheduler copies them at once)."""
     from dataclasses import replace
     from amk.models.presets import LLAMA_3_2_1B, random_model
     from amk.program.ir import InstructionKind as K
+    monkeypatch.setenv("AMK_GEMV_PIPE", "1")                 # gate/up: one 2-matrix pipe GEMV
     prog = random_model(replace(LLAMA_3_2_1B, max_seq=160, n_layers=1), device="meta") \
         .lower(backend="cuda").program
     low = lower_program(prog)

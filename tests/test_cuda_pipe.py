@@ -18,7 +18,7 @@ def _variants(case_name: str) -> list[str]:
 
 
 def test_float_batch1_gemvs_take_the_pipe_and_others_do_not(monkeypatch):
-    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.setenv("AMK_GEMV_PIPE", "1")
     monkeypatch.delenv("AMK_GEMV_RING", raising=False)
     assert knobs.gemv_pipe() == (4, 4)
     assert any(v.startswith("op_gemv_pipe<bf16, bf16, bf16, bf16, 1, true>")
@@ -31,7 +31,7 @@ def test_float_batch1_gemvs_take_the_pipe_and_others_do_not(monkeypatch):
 
 
 def test_gate_and_up_become_one_stream_of_two_matrices(monkeypatch):
-    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.setenv("AMK_GEMV_PIPE", "1")
     monkeypatch.delenv("AMK_GEMV_RING", raising=False)
     case = examples.gate_up_case()
     low = lower_program(case.program)
@@ -47,7 +47,7 @@ def test_gate_and_up_become_one_stream_of_two_matrices(monkeypatch):
 
 
 def test_fused_gemvs_writing_one_scratch_are_not_paired(monkeypatch):
-    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.setenv("AMK_GEMV_PIPE", "1")
     monkeypatch.delenv("AMK_GEMV_RING", raising=False)
     low = lower_program(examples.fused_case().program)       # two k tiles into one scratch
     assert not any(", 2, false>" in v for v in low.variants)
@@ -55,19 +55,13 @@ def test_fused_gemvs_writing_one_scratch_are_not_paired(monkeypatch):
 
 def test_knob_off_ring_on_or_two_ctas_use_the_other_gemvs(monkeypatch):
     prog = examples.gate_up_case().program
-    for env in ({"AMK_GEMV_PIPE": "0"}, {"AMK_GEMV_RING": "1"}, {"AMK_CTAS_PER_SM": "2"}):
+    for env in ({}, {"AMK_GEMV_PIPE": "0"}, {"AMK_GEMV_PIPE": "1", "AMK_GEMV_RING": "1"},
+                {"AMK_GEMV_PIPE": "1", "AMK_CTAS_PER_SM": "2"}):
         for k in ("AMK_GEMV_PIPE", "AMK_GEMV_RING", "AMK_CTAS_PER_SM"):
             monkeypatch.delenv(k, raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         assert not any("op_gemv_pipe" in v for v in lower_program(prog).variants), env
-
-
-@pytest.mark.parametrize("bad", ["3x4", "4x1", "8x4", "fast"])
-def test_bad_pipe_knob_is_a_clear_error(monkeypatch, bad):
-    monkeypatch.setenv("AMK_GEMV_PIPE", bad)
-    with pytest.raises(ValueError, match="AMK_GEMV_PIPE"):
-        knobs.gemv_pipe()
 
 
 @pytest.mark.parametrize("pipe", ["1", "2x8", "8x2"])
@@ -88,7 +82,7 @@ def test_all_cases_compile_with_the_pipe_within_the_ctas_smem(tmp_path, monkeypa
 
 
 def test_combine_leaves_x_in_smem_and_the_pipe_gemv_adds_the_residual(monkeypatch):
-    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
+    monkeypatch.setenv("AMK_GEMV_PIPE", "1")
     monkeypatch.delenv("AMK_GEMV_RING", raising=False)
     low = lower_program(examples.combine_o_add_case().program)
     d = low.tasks[0]
@@ -100,9 +94,8 @@ def test_combine_leaves_x_in_smem_and_the_pipe_gemv_adds_the_residual(monkeypatc
     assert "op_gemv_pipe<bf16, bf16, bf16, float, 1, false, true, bf16, float>(AMK_ARGS)" in low.variants
 
 
-def test_an_add_that_broadcasts_or_reads_other_columns_is_not_folded(monkeypatch):
+def test_an_add_that_broadcasts_or_reads_other_columns_is_not_folded():
     from amk.backends.cuda.lower import Encoded, View, REF_SCRATCH, _fold_add
-    monkeypatch.delenv("AMK_GEMV_PIPE", raising=False)
     from amk.program.ir import DType
     s = View((1, 64), DType.BF16, (REF_SCRATCH, 0))
     x, r, o = (View((1, 64), DType.BF16, (0, i)) for i in (1, 2, 3))

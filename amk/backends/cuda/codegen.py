@@ -81,7 +81,9 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_RING_OFF {RING_OFF}\n"
              f"#define AMK_RING_STAGES {ring_stages}\n#define AMK_CHUNK {chunk}\n"
              f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n"
-             f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n",
+             f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n"
+             f"#define AMK_SPIN_NS {knobs.spin_ns()}\n#define AMK_CSTRIDE {knobs.counter_stride()}\n"
+             f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n",
              abi.render_header()]
     if knobs.profile():
         parts.insert(2, "#define AMK_PROFILE 1\n")

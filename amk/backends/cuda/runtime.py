@@ -95,8 +95,11 @@ class CudaProgram:
             if b.kind in _OWNED:
                 self.buffers[b.id] = torch.zeros(b.shape, dtype=b.dtype.torch, device=dev)
         self.scratch = torch.zeros(max(low.scratch_bytes, 16), dtype=torch.uint8, device=dev)
-        self.counter_init = torch.tensor([c.init for c in prog.counters] or [0],
-                                         dtype=torch.int64).to(torch.int32)
+        stride = knobs.counter_stride()          # counter i lives at word i * stride
+        init = torch.zeros(max(len(prog.counters), 1) * stride, dtype=torch.int64)
+        init[::stride][:len(prog.counters)] = torch.tensor([c.init for c in prog.counters],
+                                                           dtype=torch.int64)
+        self.counter_init = init.to(torch.int32)
         self.counters = self.counter_init.to(dev)
         self.state = torch.zeros(abi.STATE_DTYPE.itemsize // 4, dtype=torch.int32, device=dev)
         errs = np.full(max(self.grid, 1), -1, dtype=np.int64).astype(np.int32)

@@ -62,7 +62,7 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
   unsigned* counters = (unsigned*)A.counters;
   KernelState* st = (KernelState*)A.state;
   for (int i = 0; i < t->n_waits; i++) {
-    const unsigned* c = counters + w[i].counter;
+    const unsigned* c = counters + (long long)w[i].counter * AMK_CSTRIDE;
     const unsigned target = w[i].threshold + epoch * w[i].stride;
     unsigned v = ld_acquire(c);     // acquire: no fence after (a fence.sc costs microseconds)
     if ((int)(v - target) >= 0) continue;
@@ -70,7 +70,7 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
     unsigned long long t_last = global_timer();
     for (;;) {
       __nanosleep(ns);
-      if (ns < 128) ns <<= 1;
+      if (ns < AMK_SPIN_NS) ns <<= 1;
       v = ld_acquire(c);
       if ((int)(v - target) >= 0) break;
       const unsigned long long now = global_timer();
@@ -134,7 +134,9 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     if (threadIdx.x == 0) prof[4 * i] = global_timer();
 #endif
     if (threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
-    if (warp == NWARPS - 1 && next >= 0) prefetch_task(tasks + next, A, lane);
+    if (AMK_PF_OWN) {                // AMK_L2_PREFETCH=2: this task's ranges, before its wait
+      if (warp == NWARPS - 1 && i > qb) prefetch_task(tasks + qt[i], A, lane);
+    } else if (warp == NWARPS - 1 && next >= 0) prefetch_task(tasks + next, A, lane);
     cp_async_wait<0>();            // this task's stage 2 (issued when the previous one ended)
     __syncthreads();
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
@@ -178,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     cp_async_wait<0>();            // the next task's descriptor (issued before this task's wait)
     __syncthreads();
     if (threadIdx.x == 0 && out_counter >= 0)   // after the barrier: the CTA's writes, released
-      red_release_add((unsigned*)A.counters + out_counter, 1u);
+      red_release_add((unsigned*)A.counters + (long long)out_counter * AMK_CSTRIDE, 1u);
     if (next >= 0) slot_stage2(s_task[slot ^ 1], tasks, ptrs, s_subs[slot ^ 1], s_ptrs[slot ^ 1]);
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) {
