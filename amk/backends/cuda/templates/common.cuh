@@ -104,6 +104,20 @@ __device__ __forceinline__ float block_max(float v) {
   return r;
 }
 
+// xs[0:n) = x[0:n) as fp32, 16 independent loads a thread in flight (a GEMV's x staging).
+template <class TX>
+__device__ __forceinline__ void stage_f32(float* xs, const TX* x, int n) {
+  int i = threadIdx.x;
+  for (; i + 15 * NT < n; i += 16 * NT) {
+    float v[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) v[k] = to_f(x[i + k * NT]);
+#pragma unroll
+    for (int k = 0; k < 16; k++) xs[i + k * NT] = v[k];
+  }
+  for (; i < n; i += NT) xs[i] = to_f(x[i]);
+}
+
 __device__ __forceinline__ long long read_int(const void* p, int is64) {
   return is64 ? *(const long long*)p : (long long)*(const int*)p;
 }

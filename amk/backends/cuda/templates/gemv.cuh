@@ -51,7 +51,7 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
     const int mc = M - m0 < MB ? M - m0 : MB;
     __syncthreads();
     if (!d.ip[P_GEMV_XS_READY])     // else a fused norm already left x here (M == 1)
-      for (int i = threadIdx.x; i < mc * Kd; i += NT) xs[i] = to_f(x[(long long)m0 * Kd + i]);
+      stage_f32(xs, x + (long long)m0 * Kd, mc * Kd);
     __syncthreads();
     for (int rb = warp * RPW; rb < n_tile; rb += NWARPS * RPW) {
       float acc[RPW][MB];
@@ -169,7 +169,7 @@ __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nv = Kd / VW;
   const unsigned j0 = amk_ss.consumed;         // read before the first barrier below
-  if (!d.ip[P_GEMV_XS_READY]) for (int i = threadIdx.x; i < Kd; i += NT) xs[i] = to_f(x[i]);
+  if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
   for (int i = threadIdx.x; i < n_tile; i += NT) acc_s[i] = 0.f;
   __syncthreads();
   const int n_chunks = (n_tile + rpc - 1) / rpc;

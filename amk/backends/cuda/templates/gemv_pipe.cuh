@@ -71,7 +71,7 @@ __device__ __noinline__ void op_gemv_pipe(AMK_PARAMS) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (!amk_pipe_pre)
     for (int j = 0; j < PIPE_S - 1; j++) pipe_issue(d, P, smem, g, j);
-  if (!d.ip[P_GEMV_XS_READY]) for (int i = threadIdx.x; i < Kd; i += NT) xs[i] = to_f(x[i]);
+  if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
   __syncthreads();                              // x staged; every thread has read amk_pipe_pre
   if (threadIdx.x == 0) amk_pipe_pre = 0;
   const char* ring = smem + AMK_RING_OFF + warp * PIPE_WARP + lane * 16;

@@ -48,6 +48,32 @@ __device__ __noinline__ void op_rmsnorm(AMK_PARAMS) {
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1]; TY* y = (TY*)P[d.n_in];
   const bool to_smem = d.ip[P_NORM_TO_SMEM] != 0; float* xs = (float*)smem;   // see TO_SMEM
+  constexpr int RN = 8;
+  if (H <= RN * NT) {              // the row's x and w in registers: one round trip, not three
+    for (int r = 0; r < R; r++) {
+      const TX* xr = x + (long long)r * H;
+      float xv[RN], wv[RN], ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < RN; k++) {
+        const int i = threadIdx.x + k * NT;
+        xv[k] = i < H ? to_f(xr[i]) : 0.f;
+        wv[k] = i < H ? to_f(w[i]) : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < RN; k++) ss += xv[k] * xv[k];     // the loop below's order: same bits
+      ss = block_sum(ss);
+      const float rs = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+      for (int k = 0; k < RN; k++) {
+        const int i = threadIdx.x + k * NT;
+        if (i < H) {
+          const TY o = from_f<TY>((xv[k] * rs) * wv[k]);
+          if (to_smem) xs[i] = to_f(o); else y[(long long)r * H + i] = o;
+        }
+      }
+    }
+    return;
+  }
   for (int r = 0; r < R; r++) {
     const TX* xr = x + (long long)r * H;
     float ss = 0.f;
