@@ -108,3 +108,15 @@ def test_an_add_that_broadcasts_or_reads_other_columns_is_not_folded():
     assert len(_fold_add([(g, [x, x], [s]), (add(16, 0), [s, r], [o])])) == 2    # broadcast
     later = (add(16, 64), [s, r], [x])                                           # s read again
     assert len(_fold_add([(g, [x, x], [s]), (add(16, 64), [s, r], [o]), later])) == 3
+
+
+def test_the_direct_load_gemv_adds_the_residual_too(monkeypatch):
+    monkeypatch.setenv("AMK_GEMV_PIPE", "0")
+    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
+    low = lower_program(examples.combine_o_add_case().program)
+    d = low.tasks[0]
+    subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
+    assert [int(s["op"]) for s in subs] == [int(K.ATTENTION_COMBINE), int(K.GEMV_TILE)]
+    assert (int(subs[1]["n_in"]), int(subs[1]["n_out"])) == (3, 1)     # x, wo, h -> y
+    assert any(v.startswith("op_gemv<") and v.endswith(", true, bf16, float>(AMK_ARGS)")
+               for v in low.variants)

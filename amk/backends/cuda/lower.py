@@ -657,16 +657,18 @@ def _pair_pipe_gemvs(steps):
 
 
 def _fold_add(steps):
-    """A pipe GEMV tile into a scratch that only the next step reads, an ADD of that tile and a
-    residual at the same columns (o + h, down + h): the GEMV adds the residual itself and
-    writes the ADD's output (op_gemv_pipe ADD). Runs last, like _pair_pipe_gemvs."""
+    """A batch-1 GEMV tile (op_gemv or op_gemv_pipe) into a scratch that only the next step
+    reads, an ADD of that tile and a residual at the same columns (o + h, down + h): the GEMV
+    adds the residual (appended as its last input) itself and writes the ADD's output. Runs
+    last, like _pair_pipe_gemvs."""
     out, i = [], 0
     while i < len(steps):
         if i + 1 < len(steps):
             (g, ga, go), (a, aa, ao) = steps[i], steps[i + 1]
             y = go[0]
             full = ("A_RS", "B_RS")
-            if (g.ip.get("PIPE") and g.ip["NMAT"] == 1 and a.op == int(K.ADD) and len(aa) == 2
+            plain = g.call is not None and g.call.startswith("op_gemv<") and g.ip.get("M") == 1
+            if ((plain or g.ip.get("PIPE") and g.ip["NMAT"] == 1) and a.op == int(K.ADD) and len(aa) == 2
                     and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
                     and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
                     and all(a.ip[k] == a.ip["COLS"] for k in full) and a.ip["A_CS"] == a.ip["B_CS"] == 1

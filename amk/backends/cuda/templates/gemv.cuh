@@ -28,7 +28,11 @@ __device__ __forceinline__ float gemv_scalar(const TW* W, long long row, long lo
   return (float)(((k & 1) ? byte >> 4 : byte) & 15u) - 8.0f;
 }
 
-template <class TX, class TW, class TY, class TS, class TZ, int QMODE, bool BIAS, bool ZEROS, bool VEC, int MB, bool WRO>
+// ADD (M == 1, lower._fold_add): the FUSED step after the GEMV added a residual (the task's last
+// input) to its tile; the sum, rounded to TY first as that step did, gets it added here and goes
+// out as TO to the task's output: no scratch round trip, no barrier, no extra step.
+template <class TX, class TW, class TY, class TS, class TZ, int QMODE, bool BIAS, bool ZEROS, bool VEC, int MB, bool WRO,
+          bool ADD = false, class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   constexpr int RPW = 2;
   constexpr int VW = GemvVec<QMODE, TW>::N;
@@ -42,6 +46,7 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   const TS* aux = (const TS*)P[d.n_in > 2 ? 2 : 1];       // bias (float) or scales (quantized)
   const TZ* zr = (const TZ*)P[d.n_in > 3 ? 3 : 1];
   TY* y = (TY*)P[d.n_in];
+  const TR* res = (const TR*)P[d.n_in - 1];
   float* xs = (float*)smem;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long wrow_bytes = QMODE == 0 ? ldw * (long long)sizeof(TW) : ldw;
@@ -140,7 +145,8 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
           if (lane == 0 && rb + r < n_tile && m < mc) {
             const long long col = n_off + rb + r;
             if (BIAS) s += to_f(aux[col]);
-            y[(long long)(m0 + m) * N + col] = from_f<TY>(s);
+            if (ADD) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + to_f(res[col]));
+            else y[(long long)(m0 + m) * N + col] = from_f<TY>(s);
           }
         }
     }

@@ -54,9 +54,7 @@ __device__ __forceinline__ void pipe_preload(const TaskDesc& d, void* const* P, 
 }
 
 // P: x, W_1..W_NMAT, [bias (NMAT == 1)], [residual (ADD)], then y_1..y_NMAT.
-// ADD (NMAT == 1, lower._fold_add): the FUSED step after the GEMV added a residual to its
-// tile; the sum, rounded to the GEMV's output type TY first as that step did, gets the residual
-// added here and goes out as TO: one global round trip and one barrier fewer.
+// ADD (NMAT == 1): as op_gemv's (gemv.cuh).
 template <class TX, class TW, class TY, class TS, int NMAT, bool BIAS, bool ADD = false,
           class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv_pipe(AMK_PARAMS) {
@@ -65,7 +63,7 @@ __device__ __noinline__ void op_gemv_pipe(AMK_PARAMS) {
   const PipeGeo g = pipe_geo(d);
   const TX* x = (const TX*)P[0];
   const TS* bias = (const TS*)P[BIAS ? 1 + NMAT : 0];
-  const TR* res = (const TR*)P[ADD ? 1 + NMAT + (BIAS ? 1 : 0) : 0];
+  const TR* res = (const TR*)P[d.n_in - 1];    // ADD: the last input
   float* xs = (float*)smem;
   float* part = xs + ((Kd + 3) & ~3);           // one sum per item (lower checks it fits)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -294,24 +294,48 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     }
     __syncthreads();
   }
-  for (int i = threadIdx.x; i < B * hc * hd; i += NT) {
-    int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
-    long long base = ((long long)b * nh + h) * (hd + 2);
-    float l = 0.f, acc = 0.f;
-    if (fast) {
-      const int bh = b * hc + r / hd;
-#pragma unroll 8
-      for (int p = 0; p < np; p++) acc += to_f(((const TP*)P[p])[base + dd]) * cm[bh * np + p];
-      l = cL[bh];
-    } else {
-      float m = -__int_as_float(0x7f800000);
-      for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+  const int n = B * hc * hd;
+  if (fast) {                      // 4 outputs a thread, every partial's acc for them in flight
+    for (int i0 = threadIdx.x; i0 < n; i0 += 4 * NT) {
+      float acc[4];
+      long long off[4];
+      int bh[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int i = i0 + k * NT < n ? i0 + k * NT : i0;
+        const int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd;
+        off[k] = ((long long)b * nh + h) * (hd + 2) + r % hd;
+        bh[k] = b * hc + r / hd;
+        acc[k] = 0.f;
+      }
+#pragma unroll 4
       for (int p = 0; p < np; p++) {
         const TP* pp = (const TP*)P[p];
-        float lp = to_f(pp[base + hd + 1]);
-        float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
-        l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[k] += to_f(pp[off[k]]) * cm[bh[k] * np + p];
       }
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int i = i0 + k * NT;
+        if (i >= n) break;
+        const int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
+        const TO o = from_f<TO>(acc[k] / fmaxf(cL[bh[k]], 1e-20f));
+        if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
+      }
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < n; i += NT) {
+    int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
+    long long base = ((long long)b * nh + h) * (hd + 2);
+    float m = -__int_as_float(0x7f800000);
+    for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+    float l = 0.f, acc = 0.f;
+    for (int p = 0; p < np; p++) {
+      const TP* pp = (const TP*)P[p];
+      float lp = to_f(pp[base + hd + 1]);
+      float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
+      l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
     }
     const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
     if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
