@@ -66,19 +66,25 @@ def gemv_ring() -> bool:
     return gemv_ring_shape()[0] > 0
 
 
+def _shape(name: str, on: tuple[int, int], example: str) -> tuple[int, int]:
+    """A knob that is 0 (off: (0, 0)), 1 (`on`) or AxB (two ints)."""
+    v = os.environ.get(name, "") or "0"
+    if v in ("0", "1"):
+        return (0, 0) if v == "0" else on
+    try:
+        a, b = (int(p) for p in v.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"{name}={v!r}: expected 0, 1 or a shape such as {example}") from None
+    if a <= 0 or b <= 0:
+        raise ValueError(f"{name}={v!r}: a shape's numbers are positive (0 turns it off)")
+    return a, b
+
+
 def gemv_ring_shape() -> tuple[int, int]:
     """(stages, chunk bytes) of AMK_GEMV_RING (see gemv_ring); (0, 0) when off."""
-    v = os.environ.get("AMK_GEMV_RING", "") or "0"
-    if v == "0":
-        return 0, 0
-    if v == "1":
-        return 4, 32768
-    try:
-        st, kib = (int(p) for p in v.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"AMK_GEMV_RING={v!r}: expected 0, 1 or SxK such as 8x16") from None
-    if not 2 <= st <= 16 or kib not in (8, 16, 32) or st * kib > 128:
-        raise ValueError(f"AMK_GEMV_RING={v!r}: S in 2..16 stages of K in 8, 16, 32 KiB, "
+    st, kib = _shape("AMK_GEMV_RING", (4, 32), "8x16")
+    if st and (not 2 <= st <= 16 or kib not in (8, 16, 32) or st * kib > 128):
+        raise ValueError(f"AMK_GEMV_RING={st}x{kib}: S in 2..16 stages of K in 8, 16, 32 KiB, "
                          "S*K <= 128 KiB")
     return st, kib * 1024
 
@@ -107,17 +113,9 @@ def gemv_pipe() -> tuple[int, int]:
     wait. Returns (V, S); (0, 0) = off (the direct-load op_gemv, the default: the pipe measured
     slower on an H200, bench/NOTES.md v8). 1 = 4x4. Ignored under AMK_GEMV_RING (the two share
     the shared-memory area past the work area)."""
-    v = os.environ.get("AMK_GEMV_PIPE", "") or "0"
-    if v == "0":
-        return 0, 0
-    if v == "1":
-        return 4, 4
-    try:
-        vv, ss = (int(p) for p in v.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"AMK_GEMV_PIPE={v!r}: expected 0, 1 or VxS such as 4x4") from None
-    if vv not in (1, 2, 4, 8) or not 2 <= ss <= 16 or vv * ss * 512 > 8192:
-        raise ValueError(f"AMK_GEMV_PIPE={v!r}: V in 1,2,4,8, S in 2..16, V*S*512 B <= 8 KiB a warp")
+    vv, ss = _shape("AMK_GEMV_PIPE", (4, 4), "4x4")
+    if vv and (vv not in (1, 2, 4, 8) or not 2 <= ss <= 16 or vv * ss * 512 > 8192):
+        raise ValueError(f"AMK_GEMV_PIPE={vv}x{ss}: V in 1,2,4,8, S in 2..16, V*S*512 B <= 8 KiB a warp")
     return vv, ss
 
 

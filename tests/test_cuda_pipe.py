@@ -81,17 +81,24 @@ def test_all_cases_compile_with_the_pipe_within_the_ctas_smem(tmp_path, monkeypa
     assert re.search(r"op_gemv_pipe.*\n.*0 bytes spill stores", res.log)
 
 
-def test_combine_leaves_x_in_smem_and_the_pipe_gemv_adds_the_residual(monkeypatch):
-    monkeypatch.setenv("AMK_GEMV_PIPE", "1")
+def _combine_o_add_steps(monkeypatch, pipe: str):
+    """The combine -> o -> add example lowered: (variants, its FUSED steps' descriptors), after
+    checking the add was folded into the GEMV (x, wo, h -> y)."""
+    monkeypatch.setenv("AMK_GEMV_PIPE", pipe)
     monkeypatch.delenv("AMK_GEMV_RING", raising=False)
     low = lower_program(examples.combine_o_add_case().program)
     d = low.tasks[0]
     subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
     assert [int(s["op"]) for s in subs] == [int(K.ATTENTION_COMBINE), int(K.GEMV_TILE)]
+    assert (int(subs[1]["n_in"]), int(subs[1]["n_out"])) == (3, 1)
+    return low.variants, subs
+
+
+def test_combine_leaves_x_in_smem_and_the_pipe_gemv_adds_the_residual(monkeypatch):
+    variants, subs = _combine_o_add_steps(monkeypatch, "1")
     assert subs[0]["ip"][abi.ip_index("COMB", "TO_SMEM")] == 1
     assert subs[1]["ip"][abi.ip_index("GEMV", "XS_READY")] == 1
-    assert (int(subs[1]["n_in"]), int(subs[1]["n_out"])) == (3, 1)     # x, wo, h -> y
-    assert "op_gemv_pipe<bf16, bf16, bf16, float, 1, false, true, bf16, float>(AMK_ARGS)" in low.variants
+    assert "op_gemv_pipe<bf16, bf16, bf16, float, 1, false, true, bf16, float>(AMK_ARGS)" in variants
 
 
 def test_an_add_that_broadcasts_or_reads_other_columns_is_not_folded():
@@ -111,12 +118,6 @@ def test_an_add_that_broadcasts_or_reads_other_columns_is_not_folded():
 
 
 def test_the_direct_load_gemv_adds_the_residual_too(monkeypatch):
-    monkeypatch.setenv("AMK_GEMV_PIPE", "0")
-    monkeypatch.delenv("AMK_GEMV_RING", raising=False)
-    low = lower_program(examples.combine_o_add_case().program)
-    d = low.tasks[0]
-    subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
-    assert [int(s["op"]) for s in subs] == [int(K.ATTENTION_COMBINE), int(K.GEMV_TILE)]
-    assert (int(subs[1]["n_in"]), int(subs[1]["n_out"])) == (3, 1)     # x, wo, h -> y
+    variants, _ = _combine_o_add_steps(monkeypatch, "0")
     assert any(v.startswith("op_gemv<") and v.endswith(", true, bf16, float>(AMK_ARGS)")
-               for v in low.variants)
+               for v in variants)

@@ -31,6 +31,22 @@ __device__ __forceinline__ float gemv_scalar(const TW* W, long long row, long lo
 // ADD (M == 1, lower._fold_add): the FUSED step after the GEMV added a residual (the task's last
 // input) to its tile; the sum, rounded to TY first as that step did, gets it added here and goes
 // out as TO to the task's output: no scratch round trip, no barrier, no extra step.
+// a + w . x for one 16-byte weight vector of float type TW and its VecN<TW>::N x values (fp32,
+// 16-byte aligned in shared memory): the smem-staged GEMVs' inner step, one summation order.
+template <class TW>
+__device__ __forceinline__ float dot_vec(float a, uint4 w, const float* x) {
+  constexpr int VW = VecN<TW>::N;
+  float wf[VW];
+  unpack(w, wf, (TW*)0);
+  const float4* xv = (const float4*)x;
+#pragma unroll
+  for (int e = 0; e < VW / 4; e++) {
+    const float4 xx = xv[e];
+    a += wf[4 * e] * xx.x + wf[4 * e + 1] * xx.y + wf[4 * e + 2] * xx.z + wf[4 * e + 3] * xx.w;
+  }
+  return a;
+}
+
 template <class TX, class TW, class TY, class TS, class TZ, int QMODE, bool BIAS, bool ZEROS, bool VEC, int MB, bool WRO,
           bool ADD = false, class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv(AMK_PARAMS) {
@@ -190,16 +206,8 @@ __device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
       const char* wrow = stage + (long long)r * row_bytes;
       float a = 0.f;
 #pragma unroll 4
-      for (int v = slice * 32 + lane; v < nv; v += wpr * 32) {
-        float wf[VW];
-        unpack(*(const uint4*)(wrow + v * 16), wf, (TW*)0);
-        const float4* xv = (const float4*)(xs + v * VW);
-#pragma unroll
-        for (int e = 0; e < VW / 4; e++) {
-          const float4 xx = xv[e];
-          a += wf[4 * e] * xx.x + wf[4 * e + 1] * xx.y + wf[4 * e + 2] * xx.z + wf[4 * e + 3] * xx.w;
-        }
-      }
+      for (int v = slice * 32 + lane; v < nv; v += wpr * 32)
+        a = dot_vec<TW>(a, *(const uint4*)(wrow + v * 16), xs + v * VW);
       a = warp_sum(a);
       if (lane == 0) {
         if (wpr == 1) acc_s[r0 + r] += a;

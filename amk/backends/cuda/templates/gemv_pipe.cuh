@@ -84,16 +84,7 @@ __device__ __noinline__ void op_gemv_pipe(AMK_PARAMS) {
 #pragma unroll
     for (int u = 0; u < PIPE_V; u++) {
       const int v = seg * 32 * PIPE_V + u * 32 + lane;
-      if (v < g.nv) {
-        float wf[VW];
-        unpack(*(const uint4*)(st + u * 512), wf, (TW*)0);
-        const float4* xv = (const float4*)(xs + v * VW);
-#pragma unroll
-        for (int e = 0; e < VW / 4; e++) {
-          const float4 xx = xv[e];
-          a += wf[4 * e] * xx.x + wf[4 * e + 1] * xx.y + wf[4 * e + 2] * xx.z + wf[4 * e + 3] * xx.w;
-        }
-      }
+      if (v < g.nv) a = dot_vec<TW>(a, *(const uint4*)(st + u * 512), xs + v * VW);
     }
     a = warp_sum(a);
     if (lane == 0) part[it] = a;
