@@ -1,13 +1,61 @@
-"""cuBLAS batch-1 GEMV speed on the Llama-3.2-1B weight shapes (CUDA graph of 20): the rate a
-single GEMV op reaches on this GPU, to compare with the megakernel's GB/s per SM."""
-import torch, time
-for (n, k) in [(16384, 2048), (2048, 8192), (2048, 2048)]:
-    W = torch.randn(n, k, device="cuda", dtype=torch.bfloat16); x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3): y = x @ W.t()
-    torch.cuda.synchronize(); g = torch.cuda.CUDAGraph()
+"""cuBLAS batch-1 GEMV speed on the Llama-3.2-1B weight shapes: the rate one GEMV op reaches on
+this GPU (torch's x @ W.T, 20 calls in one CUDA graph), to compare with the megakernel's GB/s
+per SM in bench/profile_decode.py. Prints a table; writes JSON with --json.
+
+    python bench/gemv_reference.py --json gemv.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {"gate+up": (16384, 2048), "down": (2048, 8192), "q / o": (2048, 2048),
+          "lm_head": (128256, 2048)}
+
+
+def gemv_us(n: int, k: int, calls: int = 20, reps: int = 10) -> float:
+    W = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        x @ W.t()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(20): y = x @ W.t()
-    g.replay(); torch.cuda.synchronize(); t = time.perf_counter()
-    for _ in range(10): g.replay()
-    torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 200
-    print(f"cuBLAS x@W.T W[{n},{k}] bf16: {dt*1e6:.1f} us, {n*k*2/dt/1e12:.2f} TB/s")
+        for _ in range(calls):
+            x @ W.t()
+    g.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / (reps * calls) * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/gemv_reference.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    print(f"{'weight':>10} {'shape':>14} {'us':>8} {'TB/s':>6} {'GB/s/SM':>8}")
+    for name, (n, k) in SHAPES.items():
+        us = gemv_us(n, k)
+        tbs = n * k * 2 / us / 1e6
+        rows.append({"weight": name, "n": n, "k": k, "us": us, "TBps": tbs, "GBps_per_sm": tbs * 1e3 / sms})
+        print(f"{name:>10} {f'[{n},{k}]':>14} {us:8.1f} {tbs:6.2f} {tbs * 1e3 / sms:8.1f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

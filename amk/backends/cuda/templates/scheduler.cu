@@ -1,14 +1,16 @@
 // The persistent scheduler: each persistent CTA (AMK_CTAS_PER_SM of them per SM, NT threads
 // each) walks its static queue. For each task it tops up the CTA's weight stream (GEMV weight
-// chunks of this and later tasks into shared memory, see common.cuh) and prefetches the NEXT
-// task's weights into L2 (weights never depend on activations) before it waits on the task's
-// counters (thread 0 spins with __nanosleep backoff; a wait with no progress for watchdog_ns
-// aborts every CTA and names the task), runs the task's device function, then publishes
-// completion (fence + atomic add). Descriptors are double-buffered in shared memory: the NEXT
-// task's TaskDesc is copied (cp.async) before this task's wait, its pointers and FUSED step
-// descriptors right after this task ends, so a task starts the moment its counters are met;
-// a pipe GEMV's first weight items are issued before the wait too (gemv_pipe.cuh). Counters are monotonic: wait i needs
-// counter >= threshold + epoch * stride, epoch = steps completed, advanced by the last CTA out.
+// chunks of this and later tasks into shared memory, see common.cuh), prefetches weights into
+// L2 when AMK_L2_PREFETCH asks (the next task's or this one's; weights never depend on
+// activations) and issues a pipe GEMV's first weight items (gemv_pipe.cuh), all before it waits
+// on the task's counters: thread 0 polls them with acquire loads and __nanosleep backoff (a
+// wait with no progress for watchdog_ns aborts every CTA and names the task). Then it runs the
+// task's device function and publishes completion with a release add after the CTA barrier.
+// Descriptors are double-buffered in shared memory: the NEXT task's TaskDesc is copied
+// (cp.async) before this task's wait, its pointers and FUSED step descriptors right after this
+// task ends, so a task starts the moment its counters are met. Counters are monotonic: wait i
+// needs counter >= threshold + epoch * stride, epoch = steps completed, advanced by the last
+// CTA out. Counter i lives at word i * AMK_CSTRIDE.
 
 #define MAX_PTRS $max_ptrs
 #define SLOT_SUBS 8          // FUSED steps whose descriptors a slot holds
