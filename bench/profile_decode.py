@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--raw", action="store_true",
+                    help="also put every task's row (task, queue, wait start/end, end ns, SM) in the JSON")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/profile_decode.py needs a CUDA GPU", file=sys.stderr)
@@ -151,7 +153,8 @@ def main(argv=None) -> int:
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")
     print_summary(s, cfg.n_layers // 2)
     if a.json:
-        Path(a.json).write_text(json.dumps({"context": a.context, **s}, indent=1))
+        raw = {"rows": [[int(v) for v in r] for r in rows]} if a.raw else {}
+        Path(a.json).write_text(json.dumps({"context": a.context, **s, **raw}, indent=1))
     return 0
 
 
