@@ -129,7 +129,7 @@ class Jitted:
             hash(static)
         except TypeError:
             raise TraceError(f"amk.jit: static arguments must be hashable, got {static!r}") from None
-        return (tds, avals, static, backend, str(self.options), knobs.lowering_knobs())
+        return (tds, avals, static, backend, str(self.options), knobs.backend_knobs())
 
     # -- staging -----------------------------------------------------------------------------
     def _lower(self, dyn, static, leaves, backend: str, device: torch.device) -> Lowered:

@@ -148,7 +148,7 @@ def counter_stride() -> int:
     return n
 
 
-def lowering_knobs() -> tuple:
+def backend_knobs() -> tuple:
     """Every knob that changes the CUDA lowering, source or runtime (part of the cache keys)."""
     return (gemv_ring_shape(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch(),
             spin_ns(), counter_stride())

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     rows = exe.profile()
     prog = step.lower(*args).program
     s = summarise(prog, rows)
-    print(f"knobs (ring, attn_smem, profile, ctas, pipe, l2): {knobs.lowering_knobs()}, "
+    print(f"knobs (ring, attn_smem, profile, ctas, pipe, l2, spin, stride): {knobs.backend_knobs()}, "
           f"{len(exe.lowered.stream)} streamed chunks")
     print(f"context {a.context}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")

@@ -12,7 +12,7 @@ from amk import knobs
 def test_a_bad_knob_value_names_the_knob(monkeypatch, name, bad):
     monkeypatch.setenv(name, bad)
     with pytest.raises(ValueError, match=name):
-        knobs.lowering_knobs()
+        knobs.backend_knobs()
 
 
 @pytest.mark.parametrize("name, value", [
@@ -22,9 +22,9 @@ def test_backend_knobs_change_the_cache_keys(monkeypatch, name, value):
     from amk.backends.cuda import examples, lowered_cache
     prog = examples.combined_program()
     monkeypatch.delenv(name, raising=False)
-    before = (knobs.lowering_knobs(), lowered_cache._key(prog, 132))
+    before = (knobs.backend_knobs(), lowered_cache._key(prog, 132))
     monkeypatch.setenv(name, value)
-    after = (knobs.lowering_knobs(), lowered_cache._key(prog, 132))
+    after = (knobs.backend_knobs(), lowered_cache._key(prog, 132))
     assert before[0] != after[0] and before[1] != after[1]
 
 
@@ -33,3 +33,20 @@ def test_defaults(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert knobs.gemv_pipe() == (0, 0) and knobs.gemv_ring_shape() == (0, 0)
     assert knobs.l2_prefetch() == 0 and knobs.spin_ns() == 128 and knobs.counter_stride() == 1
+
+
+def test_jit_lowers_again_when_a_backend_knob_changes(monkeypatch):
+    """The in-memory cache of amk.jit keys on the backend knobs too (a cuda build made under
+    other knobs must not be reused)."""
+    import torch
+    import amk
+    from amk import ops
+    monkeypatch.delenv("AMK_SPIN_NS", raising=False)
+    f = amk.jit(lambda w, x: ops.linear(x, w))
+    w, x = torch.randn(8, 4), torch.randn(1, 4)
+    f(w, x)
+    f(w, x)
+    assert f.trace_count == 1
+    monkeypatch.setenv("AMK_SPIN_NS", "1024")
+    f(w, x)
+    assert f.trace_count == 2

@@ -235,7 +235,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     ring = (chunk > 0 and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= chunk
             and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
     pipe = (not ring and _pipe_on() and qmode == 0 and vec and w_ro and M == 1
-            and row_bytes % 16 == 0 and _pipe_smem_ok(Kd, n_tile, 2, Kd * w.esize // 16))
+            and row_bytes % 16 == 0 and _pipe_pair_fits(Kd, n_tile, Kd * w.esize // 16))
     if ring:
         call = (f"op_gemv_ring<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, "
                 f"{_b(has_bias)}>(AMK_ARGS)")
@@ -272,11 +272,12 @@ def _pipe_on() -> bool:
     return knobs.gemv_pipe()[0] > 0 and knobs.ctas_per_sm() == 1
 
 
-def _pipe_smem_ok(Kd: int, n_tile: int, nmat: int, nv: int) -> bool:
-    """x (fp32) and one fp32 sum per item fit in the work area (templates/gemv_pipe.cuh)."""
+def _pipe_pair_fits(Kd: int, n_tile: int, nv: int) -> bool:
+    """x (fp32) and one fp32 sum per item of a tile fit in the work area even when the tile is
+    later paired with another (_pair_pipe_gemvs: two matrices' items; gemv_pipe.cuh)."""
     v, _ = knobs.gemv_pipe()
     nseg = -(-nv // (32 * v))
-    return -(-Kd // 4) * 4 + nmat * n_tile * nseg <= XS_MAX
+    return -(-Kd // 4) * 4 + 2 * n_tile * nseg <= XS_MAX
 
 
 def _enc_norm(t, op, ins, outs, p) -> Encoded:

@@ -28,7 +28,7 @@ def _source_hash() -> str:
 
 def _key(program: Program, n_ctas: int) -> str:
     h = hashlib.sha256(_source_hash().encode())
-    h.update(repr((n_ctas, knobs.lowering_knobs())).encode())
+    h.update(repr((n_ctas, knobs.backend_knobs())).encode())
     h.update(repr(program).encode())      # canonical: pickle bytes depend on object sharing
     return h.hexdigest()[:32]
 
