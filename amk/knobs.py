@@ -121,8 +121,9 @@ def gemv_pipe() -> tuple[int, int]:
 
 def l2_prefetch() -> int:
     """AMK_L2_PREFETCH: which weight ranges the CUDA scheduler prefetches into L2 before a
-    task's counter wait. 0: none (default: measured fastest on an H200, bench/NOTES.md v8);
-    1: the NEXT task's; 2: the task's own (the wait hides the HBM -> L2 copy)."""
+    task's counter wait. 0 (default): the NEXT task's first GEMV round only (bench/NOTES.md
+    v9); 1: the NEXT task's whole weight tiles; 2: the task's own whole tiles (the wait hides
+    the HBM -> L2 copy). Whole tiles measured slower on an H200 (NOTES v8)."""
     n = _int("AMK_L2_PREFETCH", 0)
     if n not in (0, 1, 2):
         raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0, 1 or 2")

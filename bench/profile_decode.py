@@ -84,6 +84,17 @@ def summarise(prog, rows) -> dict:
             "stages": {f"{l}:{k}": v for (l, k), v in stages.items()}}
 
 
+def run_profiled(step, args, steps: int):
+    """Run a profiled amk.jit step `steps` times: (executable, bindings, program, the last
+    run's rows, their summary)."""
+    exe, bindings = step.executable(*args)
+    for _ in range(steps):
+        exe.run(bindings)
+    rows = exe.profile()
+    prog = step.lower(*args).program
+    return exe, bindings, prog, rows, summarise(prog, rows)
+
+
 def print_summary(s: dict, mid_layer: int) -> None:
     print(f"\nstep span {s['span_us']:.1f} us")
     print(f"{'kind':>28} {'n':>6} {'wait us':>10} {'run us':>10} {'run/task':>9} "
@@ -141,12 +152,7 @@ def main(argv=None) -> int:
     pos = torch.tensor([a.context - 1], dtype=torch.int32, device="cuda")
     step = amk.jit(m.fn, backend="cuda", donate=("kv",))
     args = (params, token, pos, kv)
-    exe, bindings = step.executable(*args)
-    for _ in range(a.steps):
-        exe.run(bindings)
-    rows = exe.profile()
-    prog = step.lower(*args).program
-    s = summarise(prog, rows)
+    exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)
     print(f"knobs (ring, attn_smem, profile, ctas, pipe, l2, spin, stride): {knobs.backend_knobs()}, "
           f"{len(exe.lowered.stream)} streamed chunks")
     print(f"context {a.context}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "

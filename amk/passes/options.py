@@ -24,8 +24,11 @@ class Target:
         return replace(self, **kw)
 
 
-H200 = Target("H200", num_sms=132, smem_bytes=227 << 10, mem_bw=3.96e12, flops=989e12)
-H100 = Target("H100", num_sms=132, smem_bytes=227 << 10, mem_bw=3.0e12, flops=989e12)
+# GPUs: GEMV tiles up to 4 MiB, multiples of 8 rows (one tile per SM per stage, bench/NOTES v9)
+H200 = Target("H200", num_sms=132, smem_bytes=227 << 10, mem_bw=3.96e12, flops=989e12,
+              max_tile_bytes=4 << 20, min_tile_cols=8)
+H100 = Target("H100", num_sms=132, smem_bytes=227 << 10, mem_bw=3.0e12, flops=989e12,
+              max_tile_bytes=4 << 20, min_tile_cols=8)
 # A few workers with big tiles: what the reference VM and tests on a CPU want (few tasks).
 CPU = Target("CPU", num_sms=4, smem_bytes=1 << 20, mem_bw=50e9, flops=200e9,
              max_tile_bytes=1 << 20, task_overhead_ns=2000.0)

@@ -1,13 +1,16 @@
 """tile: split GEMV/GEMM tasks into output-column tiles (n_off, N_tile); sibling tiles share one
 counter (consumers wait threshold = tile count, the seed's convention, until allocate_counters).
 
-Tile width, when `opts.tile_n` is None (all widths are multiples of target.min_tile_cols = 16):
-  * enough tiles that one op alone can keep every SM streaming: ceil(N / num_sms) columns;
-  * but no tile streams more than target.max_tile_bytes (256 KiB: ~8 us of one SM's share of
-    HBM bandwidth, long enough to hide a task's dispatch and counter wait, short enough that
-    the placement can balance), so a wide op (FFN, LM head) gives several tiles per SM.
-Llama-3.2-1B on 132 SMs: q/o/k/v 16 cols (64 KiB), gate/up 64 cols (256 KiB), down 16 cols
-(256 KiB), LM head 64 cols (2004 tiles); ~13k tasks after fusion.
+Tile width, when `opts.tile_n` is None (all widths are multiples of target.min_tile_cols, 8 on
+an H200):
+  * about one tile per SM for the op's stage: ceil(N / num_sms) columns, where N counts every
+    GEMV that reads the same x (q, k and v share one stage; gate and up, fused tile by tile
+    later, count once);
+  * but no tile streams more than target.max_tile_bytes (4 MiB on an H200: one tile per SM even
+    for the LM head, so its norm and x staging happen once per SM, not once per 256 KiB).
+Llama-3.2-1B on 132 SMs: q/k/v 24 cols (96 KiB; 86 + 22 + 22 tiles), o 16 cols (64 KiB),
+gate/up 64 cols (256 KiB each, 512 KiB fused), down 16 cols (256 KiB), LM head 976 cols (3.9
+MiB, 132 tiles).
 
 Column-tiled elementwise ops (ADD, SILU_MUL, MUL, GELU, COPY) that read a tiled GEMV's output,
 and whose operands all have the output's shape, get the same tiles: that lets `fuse` fold them
@@ -28,15 +31,43 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def gemv_tile_cols(n: int, row_bytes: float, opts: PassOptions) -> int:
-    """Output columns per tile for an op with n output columns and row_bytes of weight each."""
+def gemv_tile_cols(n: int, row_bytes: float, opts: PassOptions, stage_cols: int | None = None) -> int:
+    """Output columns per tile for an op with n output columns and row_bytes of weight each;
+    stage_cols: the columns of every GEMV of its stage (_stage_cols), when it has company."""
     if opts.tile_n is not None:
         return max(1, min(int(opts.tile_n), n))
     t = opts.target
     m = t.min_tile_cols
-    per_sm = _round_up(-(-n // t.num_sms), m)
+    per_sm = _round_up(-(-(stage_cols or n) // t.num_sms), m)
     cap = max(m, int(t.max_tile_bytes // max(row_bytes, 1.0)) // m * m)
     return max(1, min(n, max(m, min(per_sm, cap))))
+
+
+def _stage_cols(program: Program) -> dict[int, int]:
+    """GEMV task id -> output columns of its stage: the GEMVs that read the same x run at the
+    same time (q, k and v after one norm), so they share the SMs: tiled together they take
+    about one tile per SM in all, not one per SM each (192 tiles on 132 SMs = two rounds).
+    Two GEMVs whose outputs meet in one elementwise op (gate and up -> silu_mul) are fused
+    tile by tile later, so the pair counts once. GEMVs alone in their stage are left out."""
+    bufs = program.buffers
+    stages: dict[int, list[Task]] = {}
+    for t in program.tasks:
+        if t.op in GEMV and t.outputs and len(t.inputs) >= 2 and _untiled(t, bufs[t.outputs[0]].cols):
+            stages.setdefault(t.inputs[0], []).append(t)
+    out: dict[int, int] = {}
+    for ts in stages.values():
+        if len(ts) < 2:
+            continue
+        by_out = {t.outputs[0]: t for t in ts}
+        counted = {t.id for t in ts}
+        for e in program.tasks:
+            if e.op in ELEMENTWISE:
+                pair = sorted({by_out[b].id for b in e.inputs if b in by_out})
+                if len(pair) == 2:
+                    counted.discard(pair[1])
+        cols = sum(bufs[t.outputs[0]].cols for t in ts if t.id in counted)
+        out.update((t.id, cols) for t in ts)
+    return out
 
 
 def _untiled(task: Task, n: int) -> bool:
@@ -62,6 +93,7 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
         if t.op is K.ATTENTION_TILE and t.inputs:
             attn_q.setdefault(t.inputs[0], t)
 
+    stage = _stage_cols(program)
     grid_of: dict[int, list[tuple[int, int]]] = {}   # buffer -> the column tiles that write it
     out: list[Task] = []
     for t in program.tasks:
@@ -71,7 +103,7 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
             n = y.cols
             if _untiled(t, n):
                 row_bytes = sum(bufs[b].nbytes for b in t.inputs[1:]) / max(n, 1)
-                w = gemv_tile_cols(n, row_bytes, opts)
+                w = gemv_tile_cols(n, row_bytes, opts, stage.get(t.id))
                 grid = [(lo, min(w, n - lo)) for lo in range(0, n, w)]
                 if len(grid) > 1:
                     new = _split(t, grid)

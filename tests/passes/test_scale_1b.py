@@ -19,19 +19,25 @@ def test_llama_1b_pipeline_shape():
     assert len(p.counters) * 20 < len(p.tasks)
     assert placement_balance(p) <= 1.10
     assert len(p.queues) == 132
-    # q/o tiles of 16 columns (64 KiB of bf16 weight), 16 kv shards per kv head
-    q_tiles = [t for t in st["tile"].tasks if t.op is K.GEMV_TILE and "layers.0.wq" in t.name]
-    assert len(q_tiles) == 128 and q_tiles[0].params["N_tile"] == 16
+    # q, k and v read one x: tiled together, 24 columns each (96 KiB of bf16 weight), so the
+    # stage is one round of <= 132 tiles; o alone: 16 columns; the LM head one tile per SM
+    tiles = {w: [t for t in st["tile"].tasks if t.op is K.GEMV_TILE and f"layers.0.{w}" in t.name]
+             for w in ("wq", "wk", "wv", "wo", "w_gate", "w_up")}
+    assert [len(tiles[w]) for w in ("wq", "wk", "wv", "wo")] == [86, 22, 22, 128]
+    # gate and up are fused tile by tile into one task: the pair counts once (64 columns each)
+    assert [len(tiles[w]) for w in ("w_gate", "w_up")] == [128, 128]
+    assert {tiles["wq"][0].params["N_tile"], tiles["wo"][0].params["N_tile"]} == {24, 16}
+    assert len([t for t in st["tile"].tasks if "lm_head" in t.name]) == 132
     att = [t for t in p.tasks if t.op is K.FUSED and
            K(t.params["recipe"]["steps"][-1]["op"]) is K.ATTENTION_TILE]
     assert len(att) == 16 * 8 * 16
-    # each attention shard waits on the 16 q tiles of its 4 heads and on the two cache appends
+    # each attention shard waits on the q tiles that hold its 4 heads and on the two appends
     by_counter = {}
     for t in p.tasks:
         by_counter.setdefault(t.out_counter, []).append(t)
     for a in att[:16]:
         waited = [m for w in a.waits for m in by_counter[w.counter]]
-        assert sum(a.inputs[0] in m.outputs for m in waited) == 16
-        assert len(waited) == 18
+        assert sum(a.inputs[0] in m.outputs for m in waited) == 11      # ceil(256 / 24)
+        assert len(waited) == 13
     res = validate(p)
     assert res.ok, res.report()[:2000]

@@ -66,6 +66,7 @@ class Encoded:
     group: str = ""
     prefetch: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)  # (ref, off, n)
     chunks: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)    # weight stream
+    direct: dict[str, Any] | None = None     # op_gemv_direct's template arguments (_direct_call)
 
 
 @dataclass
@@ -236,7 +237,13 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
             and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
     pipe = (not ring and _pipe_on() and qmode == 0 and vec and w_ro and M == 1
             and row_bytes % 16 == 0 and _pipe_pair_fits(Kd, n_tile, Kd * w.esize // 16))
-    if ring:
+    direct = (not ring and not pipe and qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
+              and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
+    if direct:
+        tmpl = dict(tx=_ft(t, x.dtype), tw=tw, ty=_ft(t, out.dtype), ts=ts, nmat=1, epi=0,
+                    bias=has_bias, tr="float", to=_ft(t, out.dtype))
+        call = _direct_call(tmpl)
+    elif ring:
         call = (f"op_gemv_ring<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, "
                 f"{_b(has_bias)}>(AMK_ARGS)")
     elif pipe:
@@ -245,7 +252,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     else:
         call = (f"op_gemv<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, {tz}, {qmode}, "
                 f"{_b(has_bias)}, {_b(zeros is not None)}, {_b(vec)}, {mb}, {_b(w_ro)}>(AMK_ARGS)")
-    e = Encoded(int(op), call, group="GEMV")
+    e = Encoded(int(op), call, group="GEMV", direct=tmpl if direct else None)
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
                 NGROUPS=ngroups)
     if pipe:
@@ -255,7 +262,9 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
         e.ip["RPC"] = rpc
         e.chunks = [(w.ref, (n_off + r) * row_bytes, min(rpc, n_tile - r) * row_bytes)
                     for r in range(0, n_tile, rpc)]
-    if not ring:     # streamed tiles are not L2-prefetched: the prefetch shares the SM's bulk-
+    if direct and not knobs.l2_prefetch():   # the first round's rows, a task ahead (NOTES v9)
+        _first_round_prefetch(w, n_off, n_tile, row_bytes, Kd * w.esize // 16, e)
+    elif not ring:   # streamed tiles are not L2-prefetched: the prefetch shares the SM's bulk-
         _weight_prefetch(w, n_off * row_bytes, n_tile * row_bytes, e)   # copy unit (NOTES v4)
     if quant:
         sb = ngroups * ins[2].esize
@@ -265,6 +274,30 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     elif has_bias:
         _weight_prefetch(ins[2], n_off * ins[2].esize, n_tile * ins[2].esize, e)
     return e
+
+
+def _first_round_prefetch(w: View, n_off: int, n_tile: int, row_bytes: int, nv: int, e: Encoded) -> None:
+    """The rows op_gemv_direct's warps load first (one item each: two rows x one K segment of
+    256 vectors) into L2 before the task's wait: the scheduler prefetches the NEXT task's ranges
+    before it waits on its own task's counters, so they land a task ahead. Not the whole tile:
+    one stage of whole tiles is more than the L2 holds (NOTES v8)."""
+    if w.kind not in (BufferKind.WEIGHT, BufferKind.CONST):
+        return
+    from amk.backends.cuda.codegen import launch_shape
+    warps = launch_shape(knobs.ctas_per_sm())[0] // 32
+    rows = min(n_tile, 2 * -(-warps // -(-nv // 256)))
+    e.prefetch.append((w.ref, n_off * row_bytes, rows * row_bytes))
+
+
+def _direct_call(a: dict[str, Any]) -> str:
+    return (f"op_gemv_direct<{a['tx']}, {a['tw']}, {a['ty']}, {a['ts']}, {a['nmat']}, {a['epi']}, "
+            f"{_b(a['bias'])}, {a['tr']}, {a['to']}>(AMK_ARGS)")
+
+
+def _direct_fits(Kd: int, n_tile: int, nv: int) -> bool:
+    """x (fp32) and op_gemv_direct's sums (one per row and K segment of 256 vectors) fit in the
+    work area, also once the tile is paired with another (_pair_gemvs)."""
+    return -(-Kd // 4) * 4 + 2 * n_tile * -(-nv // 256) <= XS_MAX
 
 
 def _pipe_on() -> bool:
@@ -551,7 +584,7 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
         steps.append((enc, args, [target]))
     zero = [(o, n) for o, n in zero if not _tile_reads_only(steps, (REF_SCRATCH, o))]
     _norm_into_smem(steps)
-    return _fold_add(_pair_pipe_gemvs(steps)), zero, off - scratch_base
+    return _fold_add(_pair_gemvs(_pair_pipe_gemvs(steps))), zero, off - scratch_base
 
 
 _EW_OPS = {int(K.COPY), int(K.ADD), int(K.MUL), int(K.SILU_MUL), int(K.GELU)}
@@ -657,6 +690,40 @@ def _pair_pipe_gemvs(steps):
     return out
 
 
+def _pair_gemvs(steps):
+    """gate GEMV, up GEMV (op_gemv_direct, same x and row tile, scratch outputs) and the
+    SILU_MUL of exactly those two tiles that follows them: one op_gemv_direct of NMAT=2 that
+    computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is staged once,
+    one item holds a row of each matrix, and neither tile goes through scratch."""
+    out, i = [], 0
+    silu = abi.EW_KINDS.index("SILU_MUL")
+    while i < len(steps):
+        if i + 2 < len(steps):
+            (a, aa, ao), (b, ba, bo), (c, ca, co) = steps[i:i + 3]
+            same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY")
+            ga, gb = a.direct, b.direct
+            if (ga and gb and ga["epi"] == gb["epi"] == 0 and not ga["bias"] and not gb["bias"]
+                    and ga["nmat"] == gb["nmat"] == 1 and ga["tw"] == gb["tw"] and ga["ty"] == gb["ty"]
+                    and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
+                    and c.op == int(K.SILU_MUL) and c.ip.get("KIND") == silu and c.ip["ROWS"] == 1
+                    and sorted(v.ref for v in ca) == sorted([ao[0].ref, bo[0].ref]) and ao[0].ref != bo[0].ref
+                    and ao[0].ref[0] == bo[0].ref[0] == REF_SCRATCH
+                    and (c.ip["C0"], c.ip["C1"]) == (a.ip["N_OFF"], a.ip["N_OFF"] + a.ip["N_TILE"])
+                    and all(c.ip[k] == c.ip["COLS"] for k in ("A_RS", "B_RS")) and c.ip["A_CS"] == c.ip["B_CS"] == 1
+                    and co[0].cols == ao[0].cols == bo[0].cols == a.ip["N"] and co[0].dtype in FLOATS
+                    and not any(v.ref in (ao[0].ref, bo[0].ref) for _, later, _ in steps[i + 3:] for v in later)):
+                tmpl = dict(ga, nmat=2, epi=2, to=_ft(None, co[0].dtype))
+                e = Encoded(a.op, _direct_call(tmpl), dict(a.ip), dict(a.fp), a.group,
+                            a.prefetch + b.prefetch, direct=tmpl)
+                gate, up = (aa[1], ba[1]) if ca[0].ref == ao[0].ref else (ba[1], aa[1])
+                out.append((e, [aa[0], gate, up], [co[0]]))
+                i += 3
+                continue
+        out.append(steps[i])
+        i += 1
+    return out
+
+
 def _fold_add(steps):
     """A batch-1 GEMV tile (op_gemv or op_gemv_pipe) into a scratch that only the next step
     reads, an ADD of that tile and a residual at the same columns (o + h, down + h): the GEMV
@@ -669,7 +736,8 @@ def _fold_add(steps):
             y = go[0]
             full = ("A_RS", "B_RS")
             plain = g.call is not None and g.call.startswith("op_gemv<") and g.ip.get("M") == 1
-            if ((plain or g.ip.get("PIPE") and g.ip["NMAT"] == 1) and a.op == int(K.ADD) and len(aa) == 2
+            direct = g.direct is not None and g.direct["nmat"] == 1 and g.direct["epi"] == 0
+            if ((plain or direct or g.ip.get("PIPE") and g.ip["NMAT"] == 1) and a.op == int(K.ADD) and len(aa) == 2
                     and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
                     and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
                     and all(a.ip[k] == a.ip["COLS"] for k in full) and a.ip["A_CS"] == a.ip["B_CS"] == 1
@@ -678,9 +746,15 @@ def _fold_add(steps):
                     and [v.ref for v in aa].count(y.ref) == 1
                     and not any(v.ref == y.ref for _, later, _ in steps[i + 2:] for v in later)):
                 res = aa[1] if aa[0].ref == y.ref else aa[0]
-                call = g.call.replace(">(AMK_ARGS)", f", true, {_ct(None, res.dtype)}, "
-                                                     f"{_ft(None, ao[0].dtype)}>(AMK_ARGS)")
-                e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, g.prefetch + a.prefetch)
+                if direct:
+                    tmpl = dict(g.direct, epi=1, tr=_ct(None, res.dtype), to=_ft(None, ao[0].dtype))
+                    call = _direct_call(tmpl)
+                else:
+                    tmpl = None
+                    call = g.call.replace(">(AMK_ARGS)", f", true, {_ct(None, res.dtype)}, "
+                                                         f"{_ft(None, ao[0].dtype)}>(AMK_ARGS)")
+                e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, g.prefetch + a.prefetch,
+                            direct=tmpl)
                 out.append((e, ga + [res], [ao[0]]))
                 i += 2
                 continue

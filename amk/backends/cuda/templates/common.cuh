@@ -104,18 +104,17 @@ __device__ __forceinline__ float block_max(float v) {
   return r;
 }
 
-// xs[0:n) = x[0:n) as fp32, 16 independent loads a thread in flight (a GEMV's x staging).
+// xs[0:n) = x[0:n) as fp32: each thread's (up to) 16 loads issued before any store (a GEMV's
+// x staging: one round trip for n <= 16 * NT, not n / NT dependent ones).
 template <class TX>
 __device__ __forceinline__ void stage_f32(float* xs, const TX* x, int n) {
-  int i = threadIdx.x;
-  for (; i + 15 * NT < n; i += 16 * NT) {
+  for (int i0 = threadIdx.x; i0 < n; i0 += 16 * NT) {
     float v[16];
 #pragma unroll
-    for (int k = 0; k < 16; k++) v[k] = to_f(x[i + k * NT]);
+    for (int k = 0; k < 16; k++) v[k] = i0 + k * NT < n ? to_f(x[i0 + k * NT]) : 0.f;
 #pragma unroll
-    for (int k = 0; k < 16; k++) xs[i + k * NT] = v[k];
+    for (int k = 0; k < 16; k++) if (i0 + k * NT < n) xs[i0 + k * NT] = v[k];
   }
-  for (; i < n; i += NT) xs[i] = to_f(x[i]);
 }
 
 __device__ __forceinline__ long long read_int(const void* p, int is64) {

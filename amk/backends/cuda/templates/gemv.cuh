@@ -169,6 +169,95 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   }
 }
 
+// op_gemv_direct's item `it`: its two weight rows' K segment, GU vectors a lane (zeros past the
+// tile's rows or K).
+template <int NMAT, int GU>
+__device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, int n_off, int n_tile,
+                                            long long rbytes, int nv, int nseg, int it) {
+  const int lane = threadIdx.x & 31, g = it / nseg, seg = it - g * nseg;
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    const int r = NMAT == 2 ? g : 2 * g + j;
+    const char* row = (const char*)P[NMAT == 2 ? 1 + j : 1] + (long long)(n_off + r) * rbytes;
+#pragma unroll
+    for (int u = 0; u < GU; u++) {
+      const int v = seg * 32 * GU + u * 32 + lane;
+      wv[j][u] = (r < n_tile && v < nv) ? ldg_stream(row + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// op_gemv_direct's item `it` against x: each of its two rows' sum into part[row slot, segment].
+template <class TW, int NMAT, int GU>
+__device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float* xs, float* part,
+                                           int n_tile, int nv, int nseg, int it) {
+  constexpr int VW = VecN<TW>::N;
+  const int lane = threadIdx.x & 31, g = it / nseg, seg = it - g * nseg;
+  float a0 = 0.f, a1 = 0.f;                     // both rows in one pass: x read once
+#pragma unroll
+  for (int u = 0; u < GU; u++) {
+    const int v = seg * 32 * GU + u * 32 + lane;
+    if (v < nv) {
+      a0 = dot_vec<TW>(a0, wv[0][u], xs + v * VW);
+      a1 = dot_vec<TW>(a1, wv[1][u], xs + v * VW);
+    }
+  }
+  a0 = warp_sum(a0);
+  a1 = warp_sum(a1);
+  if (lane == 0) {
+    part[(NMAT == 2 ? g : 2 * g) * nseg + seg] = a0;
+    if (NMAT == 2 || 2 * g + 1 < n_tile) part[(NMAT == 2 ? n_tile + g : 2 * g + 1) * nseg + seg] = a1;
+  }
+}
+
+// The batch-1 GEMV of float weights (the default for M == 1): y_m[n_off + r] = x . W_m[n_off + r]
+// for NMAT matrices sharing x (gate and up are one task). The tile is a list of items: two rows
+// (NMAT == 2: row r of each matrix; NMAT == 1: rows 2i, 2i+1) x one K segment of 32 lanes x GU
+// 16-byte vectors. Warp w takes items w, w + NWARPS, ...: all warps busy even when the tile has
+// few long rows (down: 16 rows of 8192). The scheduler prefetches the first round's rows into
+// L2 a task ahead (lower: the step's prefetch ranges). Each item's sums land in part[] (after x)
+// and every row adds its segments in a fixed order: steps are bit-identical.
+// EPI 0: y_m = s (+ bias). 1 (ADD, lower._fold_add): out = round_TY(s) + residual (last input).
+// 2 (SILU, NMAT == 2, lower._pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
+// SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
+// P: x, W_1..W_NMAT, [bias], [residual], then the outputs.
+template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY>
+__device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
+  constexpr int GU = 8;
+  const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
+  const long long rbytes = (long long)d.ip[P_GEMV_LDW] * (long long)sizeof(TW);
+  const int nv = Kd / VecN<TW>::N, nseg = (nv + 32 * GU - 1) / (32 * GU);
+  const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2, items = groups * nseg;
+  const TX* x = (const TX*)P[0];
+  float* xs = (float*)smem;
+  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (lower checks the fit)
+  const int warp = threadIdx.x >> 5;
+  if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
+  __syncthreads();
+  for (int it = warp; it < items; it += NWARPS) {
+    uint4 wv[2][GU];
+    direct_load<NMAT, GU>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
+    direct_dot<TW, NMAT, GU>(wv, xs, part, n_tile, nv, nseg, it);
+  }
+  __syncthreads();
+  const TS* bias = (const TS*)P[1 + NMAT];
+  const TR* res = (const TR*)P[d.n_in - 1];
+  for (int r = threadIdx.x; r < (EPI == 2 ? n_tile : NMAT * n_tile); r += NT) {
+    float s = 0.f;
+    for (int k = 0; k < nseg; k++) s += part[r * nseg + k];
+    const int mat = r / n_tile, row = r - mat * n_tile, col = n_off + row;
+    if (EPI == 2) {
+      float u = 0.f;
+      for (int k = 0; k < nseg; k++) u += part[(n_tile + r) * nseg + k];
+      ((TO*)P[d.n_in])[col] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
+    } else {
+      if (BIAS) s += to_f(bias[col]);
+      if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + to_f(res[col]));
+      else ((TY*)P[d.n_in + mat])[col] = from_f<TY>(s);
+    }
+  }
+}
+
 // The same GEMV for float weights at batch 1, its weight tile taken from the CTA's weight
 // stream (common.cuh): the tile's chunks are the stream's next n_chunks, chunk j holding rows
 // [j*RPC, +RPC) of the tile, whole rows of LDW elements, already in shared memory or on their
