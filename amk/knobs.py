@@ -90,9 +90,10 @@ def gemv_ring_shape() -> tuple[int, int]:
 
 
 def attn_smem() -> bool:
-    """AMK_ATTN_SMEM=1: the CUDA attention shard stages its K/V rows in shared memory with
-    16-byte cp.async (bench/NOTES.md, v6). 0: the v5 attention."""
-    return _int("AMK_ATTN_SMEM", 0) != 0
+    """AMK_ATTN_SMEM=1 (default): the CUDA attention shard stages its K/V rows in shared memory
+    with 16-byte cp.async issued before it reads pos and q, and rotates q itself (bench/NOTES.md
+    v9). 0: the v5 attention (loads from global memory in each phase)."""
+    return _int("AMK_ATTN_SMEM", 1) != 0
 
 
 def ctas_per_sm() -> int:

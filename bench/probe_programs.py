@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import amk  # noqa: E402
 from amk import ops  # noqa: E402
-from profile_decode import run_profiled  # noqa: E402
+from profile_decode import run_profiled, steps_line, task_kind  # noqa: E402
 
 H, F = 2048, 8192
 
@@ -64,10 +64,29 @@ def two_mlps(p, x):
     return _mlp(p, _mlp(p, x, ""), "2")
 
 
+def attention_x8(p, x):
+    """Eight independent decode attentions (rope'd q, 1088-row caches, pos 1023): ~4 attention
+    tasks a queue back to back, so a task's time can be compared with the one before it on
+    the same SM (a warm instruction cache and TLB)."""
+    q = ops.rope(p["q"], p["pos"], 64, inv_freq=p["inv"])
+    return tuple(ops.attention(q, p[f"k{i}"], p[f"v{i}"], p["pos"], 32, 8, 64) for i in range(8))
+
+
+def by_queue_rank(rows, kind_of) -> dict:
+    """Mean run us of a kind's tasks by their rank among that kind on their queue (0 = first)."""
+    seen, acc = {}, {}
+    for tid, q, w0, w1, e, sm in sorted(rows, key=lambda r: (r[1], r[3])):
+        k = kind_of(tid)
+        r = seen[(q, k)] = seen.get((q, k), -1) + 1
+        acc.setdefault((k, r), []).append((e - w1) / 1e3)
+    return {f"{k}#{r}": sum(v) / len(v) for (k, r), v in sorted(acc.items())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--cases", nargs="*", default=None, help="only the cases whose name has one of these")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/probe_programs.py needs a CUDA GPU", file=sys.stderr)
@@ -77,11 +96,16 @@ def main(argv=None) -> int:
     x = rnd(1, H)
     t = {"norm_w": rnd(H) + 1, "x8": rnd(1, F), "w_big": rnd(16 * F, H), "w_gate": rnd(F, H), "w_up": rnd(F, H), "w_down": rnd(H, F),
          "w_gate2": rnd(F, H), "w_up2": rnd(F, H), "w_down2": rnd(H, F)}
-    cases = [("linear [8192,2048]", linear_only), ("linear [2048,8192]", down_only),
+    t.update({"q": rnd(1, H), "pos": torch.tensor([1023], dtype=torch.int32, device="cuda"),
+              "inv": 1.0 / (10000.0 ** (torch.arange(0, 64, 2, device="cuda").float() / 64))})
+    t.update({f"{c}{i}": rnd(1, 1088, 8, 64) for c in "kv" for i in range(8)})
+    cases = [("attention x8", attention_x8), ("linear [8192,2048]", linear_only), ("linear [2048,8192]", down_only),
              ("linear [131072,2048]", many_tiles), ("norm+linear", norm_linear), ("norm+gate+up+silu", mlp_in),
              ("mlp", mlp), ("two mlps", two_mlps)]
     out = {}
     for name, fn in cases:
+        if a.cases and not any(c in name for c in a.cases):
+            continue
         args = (t, x)
         step = amk.jit(fn, backend="cuda", weights=("p",))
         exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)
@@ -97,7 +121,12 @@ def main(argv=None) -> int:
             n = d["n"]
             print(f"  {k:>28} n={n:<4} run/task {d['run_us'] / n:7.2f} us  wait/task {d['wait_us'] / n:7.2f} us  "
                   f"{d['bytes'] / (d['run_us'] * 1e3):6.1f} GB/s/SM")
-        out[name] = {"span_us": s["span_us"], "kinds": s["kinds"], "stages": s["stages"]}
+            if d.get("steps"):
+                print(" " * 32 + steps_line(d))
+        ranks = by_queue_rank(rows, lambda tid: task_kind(prog.tasks[tid], prog.buffers))
+        print("  by rank on its queue (run us): " + ", ".join(f"{k} {v:.2f}" for k, v in ranks.items()
+                                                             if "attention" in k.lower()))
+        out[name] = {"span_us": s["span_us"], "kinds": s["kinds"], "stages": s["stages"], "ranks": ranks}
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0

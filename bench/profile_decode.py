@@ -57,7 +57,8 @@ def task_layer(task, bufs) -> int:
     return -1
 
 
-def summarise(prog, rows) -> dict:
+def summarise(prog, rows, steps: dict | None = None) -> dict:
+    """rows: CudaProgram.profile(); steps: CudaProgram.profile_steps() (FUSED step starts)."""
     bufs, tasks = prog.buffers, prog.tasks
     t0 = min(r[2] for r in rows)
     t_end = max(r[4] for r in rows)
@@ -72,6 +73,13 @@ def summarise(prog, rows) -> dict:
         d["wait_us"] += (w1 - w0) / 1e3
         d["run_us"] += (e - w1) / 1e3
         d["bytes"] += task_cost(t, bufs).bytes
+        st = (steps or {}).get(tid)
+        if st:                                 # per lowered step: us summed over the kind's tasks
+            ends = [s for _, s in st[1:]] + [e]
+            sd = d.setdefault("steps", {})
+            for j, ((op, a), b) in enumerate(zip(st, ends)):
+                key = f"{j}:{K(op).name}"
+                sd[key] = sd.get(key, 0.0) + (b - a) / 1e3
         c = per_cta[q]
         c["run"] += (e - w1) / 1e3
         c["wait"] += (w1 - w0) / 1e3
@@ -92,7 +100,12 @@ def run_profiled(step, args, steps: int):
         exe.run(bindings)
     rows = exe.profile()
     prog = step.lower(*args).program
-    return exe, bindings, prog, rows, summarise(prog, rows)
+    return exe, bindings, prog, rows, summarise(prog, rows, exe.profile_steps())
+
+
+def steps_line(d: dict) -> str:
+    """A kind's FUSED steps, mean us a task each."""
+    return "steps us/task: " + ", ".join(f"{k} {v / d['n']:.2f}" for k, v in d["steps"].items())
 
 
 def print_summary(s: dict, mid_layer: int) -> None:
@@ -104,6 +117,8 @@ def print_summary(s: dict, mid_layer: int) -> None:
         gbs = d["bytes"] / (d["run_us"] * 1e3) if d["run_us"] else 0.0
         print(f"{k:>28} {n:>6} {d['wait_us']:>10.0f} {d['run_us']:>10.0f} "
               f"{d['run_us'] / n:>9.2f} {d['wait_us'] / n:>9.2f} {gbs:>8.1f}")
+        if d.get("steps"):
+            print(" " * 30 + steps_line(d))
     runs = sorted(c["run"] for c in s["per_cta"].values())
     waits = sorted(c["wait"] for c in s["per_cta"].values())
     ends = sorted(c["end"] for c in s["per_cta"].values())

@@ -193,10 +193,10 @@ def test_a_scratch_read_outside_its_tile_is_still_zeroed():
     assert not _tile_reads_only([(tile, [x], [s]), (whole, [s], [x])], s.ref)
 
 
-def test_smem_staged_attention_compiles_and_is_opt_in(cache, monkeypatch):
-    monkeypatch.delenv("AMK_ATTN_SMEM", raising=False)
+def test_smem_staged_attention_is_the_default_and_compiles(cache, monkeypatch):
+    monkeypatch.setenv("AMK_ATTN_SMEM", "0")                 # the v5 attention: opt-out
     assert "op_attention_smem<" not in render(examples.combined_program())
-    monkeypatch.setenv("AMK_ATTN_SMEM", "1")
+    monkeypatch.delenv("AMK_ATTN_SMEM", raising=False)
     src = render(examples.combined_program())
     assert "op_attention_smem<" in src
     res = compile_source(src, "sm_90a")

@@ -17,7 +17,7 @@ def test_a_bad_knob_value_names_the_knob(monkeypatch, name, bad):
 
 @pytest.mark.parametrize("name, value", [
     ("AMK_GEMV_PIPE", "2x8"), ("AMK_GEMV_RING", "8x16"), ("AMK_L2_PREFETCH", "2"),
-    ("AMK_SPIN_NS", "1024"), ("AMK_COUNTER_STRIDE", "64"), ("AMK_ATTN_SMEM", "1")])
+    ("AMK_SPIN_NS", "1024"), ("AMK_COUNTER_STRIDE", "64"), ("AMK_ATTN_SMEM", "0")])
 def test_backend_knobs_change_the_cache_keys(monkeypatch, name, value):
     from amk.backends.cuda import examples, lowered_cache
     prog = examples.combined_program()

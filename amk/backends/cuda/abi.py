@@ -52,6 +52,7 @@ FAULT_DEADLOCK = 1
 FAULT_KV_POS = 2        # KV_APPEND position outside the cache
 FAULT_EMBED_ID = 3      # token id outside the embedding table
 FAULT_STREAM = 4        # a weight-stream copy never completed (templates/common.cuh)
+PROF_WORDS = 12         # AMK_PROFILE, per queue entry: wait start, wait end, end, SM, 8 step starts
 
 _NP = {"int": np.int32, "unsigned": np.uint32, "float": np.float32,
        "unsigned long long": np.uint64}
@@ -78,18 +79,22 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
              "PIPE", "NMAT", "NV", "RB"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
+    # Q_ROPE: q is rotated here (lower._rope_into_attention), inverse frequencies at P[4] when
+    # ROPE_INV, else from THETA
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
-             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES"),
+             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV"),
     "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
     "EMBED": ("B", "H", "V", "IDS64"),
-    "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM"),
+    # ROPE_HD > 0: the new rows are rotated here (lower._rope_into_append), inverse frequencies
+    # at P[2] when ROPE_INV, else from THETA
+    "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM", "ROPE_HD", "ROPE_INV"),
     "ARGMAX": ("ROWS", "V", "OUT64"),
     "SOFTMAX": ("ROWS", "H"),
     "DEQ": ("N", "K", "LDQ", "GROUP", "NGROUPS", "PACKED"),
     "RED": ("N",),
 }
 FP_SLOTS: dict[str, tuple[str, ...]] = {
-    "EW": ("SCALE",), "NORM": ("EPS",), "ROPE": ("THETA",), "ATTN": ("SCALE",),
+    "EW": ("SCALE",), "NORM": ("EPS",), "ROPE": ("THETA",), "ATTN": ("SCALE", "THETA"), "KV": ("THETA",),
 }
 EW_KINDS = ("COPY", "ADD", "MUL", "MULS", "SILU_MUL", "GELU")
 
@@ -141,7 +146,7 @@ ARGS_FIELDS = (("tasks", "unsigned long long", 1), ("waits", "unsigned long long
                ("counters", "unsigned long long", 1), ("state", "unsigned long long", 1),
                ("errs", "unsigned long long", 1), ("watchdog_ns", "unsigned long long", 1),
                ("n_queues", "unsigned long long", 1),
-               ("prof", "unsigned long long", 1),        # AMK_PROFILE: u64 [queue entries][4]
+               ("prof", "unsigned long long", 1),        # AMK_PROFILE: u64 [queue entries][PROF_WORDS]
                ("stream", "unsigned long long", 1),      # RangeDesc per weight-stream chunk,
                ("stream_off", "unsigned long long", 1))  #   CTA b's: [stream_off[b], [b+1])
 ARGS_DTYPE = np_dtype(ARGS_FIELDS)

@@ -69,6 +69,8 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
     if not ring_stages:          # off: the stream's code still compiles, nothing calls it
         ring_stages, chunk = 4, RING_BYTES // 4
     pipe_v, pipe_s = knobs.gemv_pipe()
+    # the ring area when neither the weight stream nor the pipe uses it: steps may stage there
+    free_ring = RING_BYTES if k == 1 and not knobs.gemv_ring() and not pipe_v else 0
     if not pipe_v:               # off: the template still compiles, nothing calls it
         pipe_v, pipe_s = 1, 2
     too_many = [int(t["task_id"]) for t in low.tasks if t["n_in"] + t["n_out"] > MAX_PTRS]
@@ -78,7 +80,7 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
     t = _templates()
     parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {nt}\n#define AMK_CTAS_PER_SM {k}\n"
-             f"#define AMK_RING_OFF {RING_OFF}\n"
+             f"#define AMK_RING_OFF {RING_OFF}\n#define AMK_FREE_RING {free_ring}\n"
              f"#define AMK_RING_STAGES {ring_stages}\n#define AMK_CHUNK {chunk}\n"
              f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n"
              f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n"
@@ -86,7 +88,7 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n",
              abi.render_header()]
     if knobs.profile():
-        parts.insert(2, "#define AMK_PROFILE 1\n")
+        parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n")
     for name in TEMPLATE_FILES[:-1]:
         parts.append(f"// ---- {name} ----\n" + t[name])
     parts.append("// ---- scheduler.cu ----\n"

@@ -362,8 +362,7 @@ def _enc_rope(t, op, ins, outs, p) -> Encoded:
 
 
 def _attn_smem_on() -> bool:
-    """amk.knobs.attn_smem(): attention stages K/V in smem by cp.async (op_attention_smem).
-    Opt-in: correct on an H200 (45 GPU tests), its speed not yet measured (NOTES.md, v6)."""
+    """amk.knobs.attn_smem(): attention stages K/V in smem by cp.async (op_attention_smem)."""
     return knobs.attn_smem()
 
 
@@ -401,9 +400,8 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     has_pos = len(ins) > 3
     # K/V rows staged in smem by 16-byte cp.async where rows are whole 16-byte vectors
     staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
-    fn = "op_attention_smem" if staged else "op_attention"
-    call = (f"{fn}<{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, "
-            f"{_ft(t, out.dtype)}>(AMK_ARGS)")
+    types = f"{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, {_ft(t, out.dtype)}"
+    call = f"op_attention_smem<{types}, float>(AMK_ARGS)" if staged else f"op_attention<{types}>(AMK_ARGS)"
     e = Encoded(int(op), call, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
                 H_COUNT=hc, B=B, MAX_SEQ=max_seq,
@@ -453,7 +451,7 @@ def _enc_kv_append(t, op, ins, outs, p) -> Encoded:
     has_pos = "pos" not in p
     if has_pos and len(ins) < 2:
         _fail(t, "KV_APPEND needs a pos input (or the seed's params['pos'])")
-    e = Encoded(int(op), f"op_kv_append<{_ct(t, new.dtype)}, {_ct(t, cache.dtype)}>(AMK_ARGS)",
+    e = Encoded(int(op), f"op_kv_append<{_ct(t, new.dtype)}, {_ct(t, cache.dtype)}, float>(AMK_ARGS)",
                 group="KV")
     e.ip = dict(ROWLEN=rowlen, NROWS=new.numel // (B * rowlen), MAX_SEQ=max_seq, B=B,
                 POS64=_int_input(t, ins[1], "pos") if has_pos else 0, HAS_POS=int(has_pos),
@@ -584,6 +582,9 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
         steps.append((enc, args, [target]))
     zero = [(o, n) for o, n in zero if not _tile_reads_only(steps, (REF_SCRATCH, o))]
     _norm_into_smem(steps)
+    in_smem = {outs[0].ref for enc, _, outs in steps if enc.ip.get("TO_SMEM")}
+    zero = [(o, n) for o, n in zero if (REF_SCRATCH, o) not in in_smem]   # never in global memory
+    steps = _rope_into_append(_rope_into_attention(steps))
     return _fold_add(_pair_gemvs(_pair_pipe_gemvs(steps))), zero, off - scratch_base
 
 
@@ -665,6 +666,63 @@ def _norm_into_smem(steps) -> None:
             enc.ip["TO_SMEM"] = 1
             for j in readers:
                 steps[j][0].ip["XS_READY"] = 1
+
+
+def _rope_into_attention(steps):
+    """A ROPE of exactly one staged attention's q heads (batch 1, one position, the attention's
+    own pos) into a scratch only that attention reads: the attention rotates q itself while it
+    stages it (op_attention_smem's Q_ROPE), so q skips the scratch round trip and the step's
+    barrier."""
+    out, i = [], 0
+    while i < len(steps):
+        if i + 1 < len(steps):
+            (r, ra, ro), (a, aa, ao) = steps[i], steps[i + 1]
+            if (r.op == int(K.ROPE) and a.op == int(K.ATTENTION_TILE) and a.call.startswith("op_attention_smem<")
+                    and aa[0].ref == ro[0].ref and ro[0].ref[0] == REF_SCRATCH
+                    and not any(v.ref == ro[0].ref for _, later, _ in steps[i + 2:] for v in later)
+                    and a.ip["B"] == 1 and a.ip["HAS_POS"] and len(aa) > 3 and ra[1].ref == aa[3].ref
+                    and r.ip["POS64"] == a.ip["POS64"] and r.ip["ROWS"] == 1 and r.ip["NPOS"] == 1
+                    and r.ip["HD"] == a.ip["HD"] and r.ip["COLS"] == a.ip["NH"] * a.ip["HD"]
+                    and (r.ip["C0"], r.ip["C1"]) == (a.ip["H_OFF"] * a.ip["HD"],
+                                                     (a.ip["H_OFF"] + a.ip["H_COUNT"]) * a.ip["HD"])
+                    and ra[0].dtype == ro[0].dtype):
+                inv = ra[2:3]
+                call = a.call if not inv else a.call.replace(", float>(AMK_ARGS)", f", {_ft(None, inv[0].dtype)}>(AMK_ARGS)")
+                e = Encoded(a.op, call, dict(a.ip, Q_ROPE=1, ROPE_INV=int(bool(inv))),
+                            dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
+                out.append((e, [ra[0]] + list(aa[1:4]) + list(inv), ao))
+                i += 2
+                continue
+        out.append(steps[i])
+        i += 1
+    return out
+
+
+def _rope_into_append(steps):
+    """A whole-tensor ROPE (one position, the append's own pos) into a scratch only the next
+    KV_APPEND reads: the append rotates the rows itself (op_kv_append's ROPE_HD), one pass from
+    the GEMV's output to the cache instead of a scratch round trip and a barrier."""
+    out, i = [], 0
+    while i < len(steps):
+        if i + 1 < len(steps):
+            (r, ra, ro), (a, aa, ao) = steps[i], steps[i + 1]
+            if (r.op == int(K.ROPE) and a.op == int(K.KV_APPEND) and aa[0].ref == ro[0].ref
+                    and ro[0].ref[0] == REF_SCRATCH
+                    and not any(v.ref == ro[0].ref for _, later, _ in steps[i + 2:] for v in later)
+                    and a.ip["HAS_POS"] and len(aa) == 2 and ra[1].ref == aa[1].ref
+                    and r.ip["POS64"] == a.ip["POS64"] and r.ip["NPOS"] == 1
+                    and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"]) and ra[0].dtype == ro[0].dtype
+                    and ra[0].numel == ro[0].numel == aa[0].numel):
+                inv = ra[2:3]
+                call = a.call if not inv else a.call.replace(", float>(AMK_ARGS)", f", {_ft(None, inv[0].dtype)}>(AMK_ARGS)")
+                e = Encoded(a.op, call, dict(a.ip, ROPE_HD=r.ip["HD"], ROPE_INV=int(bool(inv))),
+                            dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
+                out.append((e, [ra[0], aa[1]] + list(inv), ao))
+                i += 2
+                continue
+        out.append(steps[i])
+        i += 1
+    return out
 
 
 def _pair_pipe_gemvs(steps):
@@ -815,8 +873,15 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     for t in program.tasks:
         ins = [_view(program.buffers[b]) for b in t.inputs]
         outs = [_view(program.buffers[b]) for b in t.outputs]
-        if t.op == K.FUSED:
-            steps, zero, used = _lower_fused(t, ins, outs, scratch)
+        steps, zero, used = _lower_fused(t, ins, outs, scratch) if t.op == K.FUSED else ([], [], 0)
+        if (len(steps) == 1 and not zero       # folded into one instruction: a plain task
+                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2])):
+            enc, sins, souts = steps[0]
+            ck = chunk_list([enc])
+            d = desc(enc, sins, souts)
+            d["ck_begin"], d["n_ck"] = ck
+            d["n_ptr_all"] = d["n_in"] + d["n_out"]
+        elif t.op == K.FUSED:
             ck = chunk_list([enc for enc, _, _ in steps])
             d = desc(Encoded(int(t.op), None), ins, outs)
             d["sub_begin"], d["n_sub"] = len(subs), len(steps)

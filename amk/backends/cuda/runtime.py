@@ -16,7 +16,7 @@ import torch
 
 from amk import knobs
 from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
-from amk.program.ir import BufferKind, Program
+from amk.program.ir import BufferKind, InstructionKind, Program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import launch_shape, render_lowered
 from amk.backends.cuda.compile import compile_source
@@ -117,7 +117,7 @@ class CudaProgram:
         self.stream_dev = torch.zeros(max(len(low.stream), 1) * 2, dtype=torch.int64, device=dev)
         self.stream_off = _dev_tensor(low.stream_off.astype(np.int32), dev)
         n_entries = max(len(qt), 1)
-        self.prof = (torch.zeros(n_entries * 4, dtype=torch.int64, device=dev)
+        self.prof = (torch.zeros(n_entries * abi.PROF_WORDS, dtype=torch.int64, device=dev)
                      if "#define AMK_PROFILE" in self.source else None)
         self._bound: dict[int, torch.Tensor] = {}
         self._bound_key: tuple | None = None
@@ -233,18 +233,32 @@ class CudaProgram:
             raise TraceError(f"{name}: token id {value} is outside the embedding table")
         raise BackendUnavailable(f"megakernel fault {code} in {name} (value {value})")
 
-    def profile(self) -> list[tuple[int, int, int, int, int, int]]:
-        """AMK_PROFILE=1 builds: the last step's (task id, CTA, wait start, wait end, task end,
-        SM id) per queue entry, %globaltimer ns. Synchronises."""
+    def _prof_rows(self):
         if self.prof is None:
             raise BackendUnavailable("this megakernel was built without AMK_PROFILE=1")
         torch.cuda.current_stream(self.device).synchronize()
-        p = self.prof.cpu().numpy().reshape(-1, 4)
-        out, i = [], 0
-        for q, tasks in enumerate(self.lowered.queues):
-            for tid in tasks:
-                out.append((tid, q, int(p[i, 0]), int(p[i, 1]), int(p[i, 2]), int(p[i, 3])))
-                i += 1
+        p = self.prof.cpu().numpy().reshape(-1, abi.PROF_WORDS)
+        return [(tid, q) for q, tasks in enumerate(self.lowered.queues) for tid in tasks], p
+
+    def profile(self) -> list[tuple[int, int, int, int, int, int]]:
+        """AMK_PROFILE=1 builds: the last step's (task id, CTA, wait start, wait end, task end,
+        SM id) per queue entry, %globaltimer ns. Synchronises."""
+        entries, p = self._prof_rows()
+        return [(tid, q, int(p[i, 0]), int(p[i, 1]), int(p[i, 2]), int(p[i, 3]))
+                for i, (tid, q) in enumerate(entries)]
+
+    def profile_steps(self) -> dict[int, list[tuple[int, int]]]:
+        """AMK_PROFILE=1 builds: task id -> (opcode, start ns) of each of its lowered FUSED
+        steps, at most abi.PROF_WORDS - 4 (a step's time is the next start, or the task's end,
+        minus its own). Tasks lowered as one instruction are left out. Synchronises."""
+        entries, p = self._prof_rows()
+        out = {}
+        for i, (tid, _) in enumerate(entries):
+            t = self.lowered.tasks[tid]
+            n = min(int(t["n_sub"]), abi.PROF_WORDS - 4)
+            if int(t["op"]) == int(InstructionKind.FUSED) and n and p[i, 4]:
+                subs = self.lowered.tasks[int(t["sub_begin"]):int(t["sub_begin"]) + n]
+                out[tid] = [(int(s["op"]), int(p[i, 4 + j])) for j, s in enumerate(subs)]
         return out
 
     def _task_name(self, tid: int) -> str:

@@ -11,6 +11,28 @@ __device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, l
   if (hi < lo) hi = lo;
 }
 
+// One pass's output, heads [row0, row0 + nhs) of out: each head's P·V sums over the PG position
+// groups (red: [PG][HG][hd]), divided by l, or the flash partial [acc | m | l] when partial.
+template <int HG, class TO>
+__device__ __forceinline__ void attn_write(TO* out, const float* red, const float* m_run, const float* l_run,
+                                           int nhs, int hd, int PG, long long row0, bool partial, int n) {
+  for (int i = threadIdx.x; i < nhs * hd; i += NT) {
+    const int j = i / hd, e = i - j * hd;
+    float a = 0.f;
+    for (int k = 0; k < PG; k++) a += red[(k * HG + j) * hd + e];
+    if (partial) {
+      const long long base = (row0 + j) * (hd + 2);
+      out[base + e] = from_f<TO>(n > 0 ? a : 0.f);
+      if (e == 0) {
+        out[base + hd] = from_f<TO>(n > 0 ? m_run[j] : -__int_as_float(0x7f800000));
+        out[base + hd + 1] = from_f<TO>(n > 0 ? l_run[j] : 0.f);
+      }
+    } else {
+      out[(row0 + j) * hd + e] = from_f<TO>(n > 0 ? a / l_run[j] : 0.f);
+    }
+  }
+}
+
 template <class TQ, class TK, class TV, class TO>
 __device__ __noinline__ void op_attention(AMK_PARAMS) {
   constexpr int HG = 8;                               // q heads per pass (registers per thread)
@@ -126,54 +148,19 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
           for (int j = 0; j < HG; j++) if (j < nhs) red[(pg * HG + j) * hd + dd] = acc[j];
         }
         __syncthreads();
-        for (int i = tid; i < nhs * hd; i += NT) {
-          const int j = i / hd, e = i - j * hd, h = hbase + j;
-          float a = 0.f;
-          for (int k = 0; k < PG; k++) a += red[(k * HG + j) * hd + e];
-          if (partial) {
-            const long long base = ((long long)b * nh + h) * (hd + 2);
-            out[base + e] = from_f<TO>(n > 0 ? a : 0.f);
-            if (e == 0) {
-              out[base + hd] = from_f<TO>(n > 0 ? m_run[j] : -__int_as_float(0x7f800000));
-              out[base + hd + 1] = from_f<TO>(n > 0 ? l_run[j] : 0.f);
-            }
-          } else {
-            out[((long long)b * nh + h) * hd + e] = from_f<TO>(n > 0 ? a / l_run[j] : 0.f);
-          }
-        }
+        attn_write<HG>(out, red, m_run, l_run, nhs, hd, PG, (long long)b * nh + hbase, partial, n);
       }
 }
 
-// L2 prefetch of the K/V rows this task will read (the window is known before the wait: the
-// position is an input). Whole rows when the task covers every head, else per-row segments.
-__device__ void prefetch_attention(const TaskDesc& d, const unsigned long long* ptrs, int lane) {
-  void* P[4];
-  for (int i = 0; i < 4 && i < d.n_in; i++) P[i] = (void*)ptrs[d.ptr_begin + i];
-  long long lo, hi;
-  attn_window(d, P, lo, hi);
-  if (hi <= lo) return;
-  const long long hd = d.ip[P_ATTN_HD], nkv = d.ip[P_ATTN_NKV], max_seq = d.ip[P_ATTN_MAX_SEQ];
-  const int rep = d.ip[P_ATTN_NH] / nkv;
-  const long long g0 = d.ip[P_ATTN_H_OFF] / rep, g1 = (d.ip[P_ATTN_H_OFF] + d.ip[P_ATTN_H_COUNT]) / rep;
-  for (int which = 1; which <= 2; which++) {
-    const long long es = which == 1 ? d.ip[P_ATTN_KES] : d.ip[P_ATTN_VES];
-    const unsigned long long base = (unsigned long long)P[which];
-    for (long long b = 0; b < d.ip[P_ATTN_B]; b++) {
-      if (g0 == 0 && g1 == nkv) {
-        if (lane == 0) prefetch_l2(base + ((b * max_seq + lo) * nkv) * hd * es, (hi - lo) * nkv * hd * es);
-      } else {
-        for (long long t = lo + lane; t < hi; t += 32)
-          prefetch_l2(base + ((b * max_seq + t) * nkv + g0) * hd * es, (g1 - g0) * hd * es);
-      }
-    }
-  }
-}
-
-// The same attention with the shard's K and V rows staged in shared memory by 16-byte cp.async
-// (every row of a chunk in flight at once, issued before q is staged; K and V are separate
-// groups, so the scores start when K has landed while V is still on its way). Rows are padded
-// by 16 bytes (conflict-free 16-byte row reads across threads). Chunks of CR <= NT rows, CR
-// from the work area below AMK_RING_OFF. Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
+// The same attention with the shard's K and V rows staged in shared memory by 16-byte cp.async,
+// issued first: the cache rows below pos never change during a step and pos only shortens the
+// window, so the first chunk (the whole shard when it fits: up to NT rows, the work area and
+// the free ring area, AMK_FREE_RING) is in
+// flight before pos and q are even read, and the task's loads take one round trip, not one per
+// phase (NOTES v9). K and V are separate groups: the scores start when K has landed. Rows are
+// padded by 16 bytes (conflict-free 16-byte row reads). Q_ROPE: q is rotated while it is staged
+// (the FUSED ROPE step before, folded in by lower._rope_into_attention: op_rope's formula and
+// rounding). Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
 template <class T>
 __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
                                                 int cn, int hd) {
@@ -185,7 +172,25 @@ __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base
   cp_async_commit();
 }
 
-template <class TQ, class TK, class TV, class TO>
+// qs[0:n) = heads of q (fp32), rotated at position p when the descriptor says Q_ROPE.
+template <class TQ, class TF>
+__device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, float* qs, const TQ* q,
+                                             int n, int hd, float p) {
+  const int half = hd / 2;
+  const bool rope = d.ip[P_ATTN_Q_ROPE] != 0;
+  for (int i = threadIdx.x; i < n; i += NT) {
+    const float x = to_f(q[i]);
+    if (!rope) { qs[i] = x; continue; }
+    const int j = i % hd, fj = j < half ? j : j - half;
+    const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[4])[fj])
+                                             : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
+    const float ang = p * inv, cs = cosf(ang), sn = sinf(ang);
+    const float o = j < half ? x * cs - to_f(q[i + half]) * sn : x * cs + to_f(q[i - half]) * sn;
+    qs[i] = to_f(from_f<TQ>(o));
+  }
+}
+
+template <class TQ, class TK, class TV, class TO, class TF>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HG = 8;
   const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
@@ -194,15 +199,15 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
-  long long lo, hi;
-  attn_window(d, P, lo, hi);
-  const int n = (int)(hi - lo);
+  const long long lo = d.ip[P_ATTN_KV_START];
+  long long hi0 = lo + d.ip[P_ATTN_KV_LEN];                  // the window before pos
+  if (hi0 > max_seq) hi0 = max_seq;
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   const int krs = hd * (int)sizeof(TK) + 16, vrs = hd * (int)sizeof(TV) + 16;   // padded rows
   float* qs = (float*)smem;                                  // [HG][hd]
   const int red_f = NT * HG;                                 // [PG][HG][hd] floats, PG*hd <= NT
-  int CR = (AMK_RING_OFF - HG * hd * 4) / (HG * 4 + krs + vrs);
+  int CR = (AMK_RING_OFF + AMK_FREE_RING - HG * hd * 4) / (HG * 4 + krs + vrs);   // + the ring area when free
   if (CR > NT) CR = NT;
   CR &= ~3;
   float* sc = qs + HG * hd;                                  // [HG][CR]
@@ -222,12 +227,14 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         const TK* kbase = kc + (b * max_seq * nkv + g) * hd;
         const TV* vbase = vc + (b * max_seq * nkv + g) * hd;
         __syncthreads();                                     // the previous users of smem
-        if (lo < hi) {
-          const int cn0 = hi - lo < CR ? (int)(hi - lo) : CR;
-          attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);
-          attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
-        }
-        for (int i = tid; i < nhs * hd; i += NT) qs[i] = to_f(q[((long long)b * nh + hbase) * hd + i]);
+        const int cn0 = hi0 - lo < CR ? (int)(hi0 > lo ? hi0 - lo : 0) : CR;
+        attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before pos and q
+        attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
+        long long hi = hi0, pos = 0;
+        if (d.ip[P_ATTN_HAS_POS]) { pos = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > pos + 1) hi = pos + 1; }
+        if (hi < lo) hi = lo;
+        const int n = (int)(hi - lo);
+        attn_stage_q<TQ, TF>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos);
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
         float acc[HG];
 #pragma unroll
@@ -238,29 +245,30 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
             attn_stage_rows(ks, krs, kbase + t0 * rstride, rstride, cn, hd);
             attn_stage_rows(vs, vrs, vbase + t0 * rstride, rstride, cn, hd);
           }
-          asm volatile("cp.async.wait_group 1;" ::: "memory");   // K (V may still be in flight)
+          cp_async_wait<1>();                                // K (V may still be in flight)
           __syncthreads();
-          if (tid < cn) {
-            const char* krow = ks + tid * krs;
-            float s[HG];
-#pragma unroll
-            for (int j = 0; j < HG; j++) s[j] = 0.f;
+          // scores: one (head, position) a thread, every thread busy (one position a thread
+          // with all heads was latency-bound on cn threads); each 16-byte K vector's dot is its
+          // own short chain, added to the score: independent chains (NOTES v9)
+          for (int w = tid; w < cn * nhs; w += NT) {
+            const int j = w / cn, r = w - j * cn;
+            const char* krow = ks + r * krs;
+            const float* qj = qs + j * hd;
+            float sj = 0.f;
+#pragma unroll 4
             for (int e0 = 0; e0 < hd; e0 += KV) {
               float kf[KV];
               unpack(*(const uint4*)(krow + e0 * (int)sizeof(TK)), kf, (TK*)0);
+              const float4* qv = (const float4*)(qj + e0);
+              float t = 0.f;
 #pragma unroll
-              for (int j = 0; j < HG; j++)
-                if (j < nhs) {
-                  const float4* qv = (const float4*)(qs + j * hd + e0);
-#pragma unroll
-                  for (int e = 0; e < KV / 4; e++) {
-                    const float4 x = qv[e];
-                    s[j] += x.x * kf[4 * e] + x.y * kf[4 * e + 1] + x.z * kf[4 * e + 2] + x.w * kf[4 * e + 3];
-                  }
-                }
+              for (int e = 0; e < KV / 4; e++) {
+                const float4 x = qv[e];
+                t += x.x * kf[4 * e] + x.y * kf[4 * e + 1] + x.z * kf[4 * e + 2] + x.w * kf[4 * e + 3];
+              }
+              sj += t;
             }
-#pragma unroll
-            for (int j = 0; j < HG; j++) if (j < nhs) sc[j * CR + tid] = s[j] * scale;
+            sc[j * CR + r] = sj * scale;
           }
           __syncthreads();
           const int w = tid >> 5, lane = tid & 31;
@@ -278,7 +286,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
               alpha[w] = a; l_run[w] = l_run[w] * a + ls; m_run[w] = mnew;
             }
           }
-          asm volatile("cp.async.wait_group 0;" ::: "memory");   // V
+          cp_async_wait<0>();                                // V
           __syncthreads();
           if (pg < PG) {
 #pragma unroll
@@ -293,25 +301,13 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           }
           __syncthreads();
         }
+        cp_async_wait<0>();            // an empty window never waited for its staged rows: red aliases them
+        __syncthreads();
         if (pg < PG) {
 #pragma unroll
           for (int j = 0; j < HG; j++) if (j < nhs) red[(pg * HG + j) * hd + dd] = acc[j];
         }
         __syncthreads();
-        for (int i = tid; i < nhs * hd; i += NT) {
-          const int j = i / hd, e = i - j * hd, h = hbase + j;
-          float a = 0.f;
-          for (int k = 0; k < PG; k++) a += red[(k * HG + j) * hd + e];
-          if (partial) {
-            const long long base = ((long long)b * nh + h) * (hd + 2);
-            out[base + e] = from_f<TO>(n > 0 ? a : 0.f);
-            if (e == 0) {
-              out[base + hd] = from_f<TO>(n > 0 ? m_run[j] : -__int_as_float(0x7f800000));
-              out[base + hd + 1] = from_f<TO>(n > 0 ? l_run[j] : 0.f);
-            }
-          } else {
-            out[((long long)b * nh + h) * hd + e] = from_f<TO>(n > 0 ? a / l_run[j] : 0.f);
-          }
-        }
+        attn_write<HG>(out, red, m_run, l_run, nhs, hd, PG, (long long)b * nh + hbase, partial, n);
       }
 }

@@ -232,6 +232,10 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   float* xs = (float*)smem;
   float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (lower checks the fit)
   const int warp = threadIdx.x >> 5;
+  const TR* res = (const TR*)P[d.n_in - 1];
+  // ADD: the residual of this thread's output loaded now, with x, not after the sums
+  const bool res_early = EPI == 1 && n_tile <= NT;
+  const float rv = res_early && threadIdx.x < n_tile ? to_f(res[n_off + threadIdx.x]) : 0.f;
   if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
   __syncthreads();
   for (int it = warp; it < items; it += NWARPS) {
@@ -241,7 +245,6 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   }
   __syncthreads();
   const TS* bias = (const TS*)P[1 + NMAT];
-  const TR* res = (const TR*)P[d.n_in - 1];
   for (int r = threadIdx.x; r < (EPI == 2 ? n_tile : NMAT * n_tile); r += NT) {
     float s = 0.f;
     for (int k = 0; k < nseg; k++) s += part[r * nseg + k];
@@ -252,7 +255,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
       ((TO*)P[d.n_in])[col] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
     } else {
       if (BIAS) s += to_f(bias[col]);
-      if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + to_f(res[col]));
+      if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + (res_early ? rv : to_f(res[col])));
       else ((TY*)P[d.n_in + mat])[col] = from_f<TY>(s);
     }
   }

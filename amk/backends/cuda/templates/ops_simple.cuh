@@ -151,17 +151,29 @@ __device__ __noinline__ void op_embed(AMK_PARAMS) {
   }
 }
 
-template <class TN, class TC>
+// ROPE_HD > 0: the rows are rotated first (the FUSED ROPE step before, folded in by
+// lower._rope_into_append: op_rope's formula and rounding, one position), so the new k goes
+// from the GEMV's output to the cache in one pass.
+template <class TN, class TC, class TF>
 __device__ __noinline__ void op_kv_append(AMK_PARAMS) {
   const long long rowlen = d.ip[P_KV_ROWLEN];
   const int n = d.ip[P_KV_NROWS], max_seq = d.ip[P_KV_MAX_SEQ], B = d.ip[P_KV_B];
+  const int rhd = d.ip[P_KV_ROPE_HD], half = rhd / 2;
   const long long p = d.ip[P_KV_HAS_POS] ? read_int(P[1], d.ip[P_KV_POS64]) : (long long)d.ip[P_KV_POS_PARAM];
   if (p < 0 || p > max_seq - n) { if (threadIdx.x == 0) raise_fault(st, FAULT_KV_POS, d.task_id, (int)p); return; }
   const TN* src = (const TN*)P[0]; TC* cache = (TC*)P[d.n_in];
   const long long per_b = (long long)n * rowlen;
   for (long long i = threadIdx.x; i < B * per_b; i += NT) {
     long long b = i / per_b, k = i - b * per_b;
-    cache[(b * max_seq + p) * rowlen + k] = Cast<TC, TN>::go(src[i]);
+    TN v = src[i];
+    if (rhd) {
+      const int j = (int)(i % rhd), fj = j < half ? j : j - half;
+      const float inv = d.ip[P_KV_ROPE_INV] ? to_f(((const TF*)P[2])[fj])
+                                             : 1.0f / powf(d.fp[F_KV_THETA], (float)fj / (float)half);
+      const float ang = (float)p * inv, cs = cosf(ang), sn = sinf(ang), x = to_f(v);
+      v = from_f<TN>(j < half ? x * cs - to_f(src[i + half]) * sn : x * cs + to_f(src[i - half]) * sn);
+    }
+    cache[(b * max_seq + p) * rowlen + k] = Cast<TC, TN>::go(v);
   }
 }
 
@@ -262,65 +274,46 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 // TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
-// Every partial's m and l are loaded at once (one per thread), then each (head, partial) weight
-// once, then the accs: three dependent L2 round trips, not two per output element.
-#define COMB_MAX 512                            // (batch, head, partial) triples of the fast path
+// Staged path (batch 1, the ring area free: AMK_FREE_RING): every partial is copied whole into
+// shared memory by 16-byte cp.async, one round trip for the whole combine (NOTES v9); then a
+// thread merges 4 consecutive outputs of one head from there.
 template <class TP, class TO>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
   const int B = d.ip[P_COMB_B], np = d.ip[P_COMB_P];
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
-  __shared__ float cm[COMB_MAX], cl[COMB_MAX], cL[COMB_MAX];
-  const int nw = B * hc * np;
-  const bool fast = nw <= COMB_MAX;
-  if (fast) {
-    for (int i = threadIdx.x; i < nw; i += NT) {            // i = (b * hc + h') * np + p
-      const int p = i % np, bh = i / np, b = bh / hc, h = h0 + bh % hc;
-      const TP* pp = (const TP*)P[p] + ((long long)b * nh + h) * (hd + 2);
-      cm[i] = to_f(pp[hd]); cl[i] = to_f(pp[hd + 1]);
-    }
-    __syncthreads();
-    for (int bh = threadIdx.x; bh < B * hc; bh += NT) {     // weights in place of m, L per head
-      float m = -__int_as_float(0x7f800000);
-      for (int p = 0; p < np; p++) m = fmaxf(m, cm[bh * np + p]);
-      float l = 0.f;
-      for (int p = 0; p < np; p++) {
-        const float lp = cl[bh * np + p];
-        const float wgt = lp > 0.f ? expf(cm[bh * np + p] - m) : 0.f;
-        l += lp * wgt; cm[bh * np + p] = wgt;
-      }
-      cL[bh] = l;
-    }
-    __syncthreads();
-  }
   const int n = B * hc * hd;
-  if (fast) {                      // 4 outputs a thread, every partial's acc for them in flight
-    for (int i0 = threadIdx.x; i0 < n; i0 += 4 * NT) {
-      float acc[4];
-      long long off[4];
-      int bh[4];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int i = i0 + k * NT < n ? i0 + k * NT : i0;
-        const int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd;
-        off[k] = ((long long)b * nh + h) * (hd + 2) + r % hd;
-        bh[k] = b * hc + r / hd;
-        acc[k] = 0.f;
-      }
-#pragma unroll 4
+  const int pv = nh * (hd + 2) * (int)sizeof(TP) / 16;      // 16-byte vectors of one partial
+  bool staged = B == 1 && hd % 4 == 0 && (nh * (hd + 2) * (int)sizeof(TP)) % 16 == 0
+                && (long long)np * pv * 16 <= AMK_FREE_RING;
+  for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
+  if (staged) {
+    char* st = smem + AMK_RING_OFF;
+    for (int i = threadIdx.x; i < np * pv; i += NT) {
+      const int p = i / pv, v = i - p * pv;
+      cp_async16(st + (long long)i * 16, (const char*)P[p] + v * 16);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * NT) {
+      const int r = i0, h = h0 + r / hd, dd = r % hd;
+      float mx = -__int_as_float(0x7f800000);
+      for (int p = 0; p < np; p++) mx = fmaxf(mx, to_f(((const TP*)(st + p * pv * 16))[h * (hd + 2) + hd]));
+      float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int p = 0; p < np; p++) {
-        const TP* pp = (const TP*)P[p];
+        const TP* pp = (const TP*)(st + p * pv * 16) + h * (hd + 2);
+        const float lp = to_f(pp[hd + 1]);
+        const float w = lp > 0.f ? expf(to_f(pp[hd]) - mx) : 0.f;
+        L += lp * w;
 #pragma unroll
-        for (int k = 0; k < 4; k++) acc[k] += to_f(pp[off[k]]) * cm[bh[k] * np + p];
+        for (int k = 0; k < 4; k++) acc[k] += to_f(pp[dd + k]) * w;
       }
 #pragma unroll
       for (int k = 0; k < 4; k++) {
-        const int i = i0 + k * NT;
-        if (i >= n) break;
-        const int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
-        const TO o = from_f<TO>(acc[k] / fmaxf(cL[bh[k]], 1e-20f));
-        if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
+        const TO o = from_f<TO>(acc[k] / fmaxf(L, 1e-20f));
+        if (to_smem) xs[h * hd + dd + k] = to_f(o); else y[(long long)h * hd + dd + k] = o;
       }
     }
     return;

@@ -1,8 +1,10 @@
 // The persistent scheduler: each persistent CTA (AMK_CTAS_PER_SM of them per SM, NT threads
 // each) walks its static queue. For each task it tops up the CTA's weight stream (GEMV weight
 // chunks of this and later tasks into shared memory, see common.cuh), prefetches weights into
-// L2 when AMK_L2_PREFETCH asks (the next task's or this one's; weights never depend on
-// activations) and issues a pipe GEMV's first weight items (gemv_pipe.cuh), all before it waits
+// L2 (by default the NEXT task's first GEMV round; AMK_L2_PREFETCH: whole tiles, the next
+// task's or this one's; weights never depend on activations; the last warp does it, and the
+// barrier after the wait waits for it: keep it to a few loads, NOTES v9) and issues a pipe
+// GEMV's first weight items (gemv_pipe.cuh), all before it waits
 // on the task's counters: thread 0 polls them with acquire loads and __nanosleep backoff (a
 // wait with no progress for watchdog_ns aborts every CTA and names the task). Then it runs the
 // task's device function and publishes completion with a release add after the CTA barrier.
@@ -55,7 +57,6 @@ __device__ __forceinline__ void load_desc(const TaskDesc* src, const unsigned lo
 __device__ __forceinline__ void prefetch_task(const TaskDesc* t, const KernelArgs& A, int lane) {
   const RangeDesc* r = (const RangeDesc*)A.ranges + t->pf_begin;
   for (int i = lane; i < t->n_pf; i += 32) prefetch_l2(r[i].addr, r[i].bytes);
-  if (t->op == OP_ATTENTION_TILE) prefetch_attention(*t, (const unsigned long long*)A.ptrs, lane);
 }
 
 // Thread 0 only. Returns false when the kernel is aborting.
@@ -126,14 +127,15 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   if (warp == NWARPS - 1 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
   bool aborted = false;
 #ifdef AMK_PROFILE
-  unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm
+  unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm,
+  // then the start of each of the first AMK_PROF_W - 4 FUSED steps (after the barrier before it)
 #endif
   for (int i = qb; i < qe; i++) {
     const int slot = (i - qb) & 1;
     const TaskDesc& T = s_task[slot];
     const int next = i + 1 < qe ? qt[i + 1] : -1;
 #ifdef AMK_PROFILE
-    if (threadIdx.x == 0) prof[4 * i] = global_timer();
+    if (threadIdx.x == 0) prof[AMK_PROF_W * i] = global_timer();
 #endif
     if (threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
     if (AMK_PF_OWN) {                // AMK_L2_PREFETCH=2: this task's ranges, before its wait
@@ -150,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     if (threadIdx.x == 0) {
       s_ok = wait_task(&T, A, epoch) ? 1 : 0;
 #ifdef AMK_PROFILE
-      prof[4 * i + 1] = global_timer();
+      prof[AMK_PROF_W * i + 1] = global_timer();
 #endif
     }
     __syncthreads();
@@ -166,6 +168,9 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
       for (int s = 0; s < T.n_sub; s++) {
         if (fits) {
           if (s > 0 || T.n_zero > 0) __syncthreads();
+#ifdef AMK_PROFILE
+          if (threadIdx.x == 0 && s < AMK_PROF_W - 4) prof[AMK_PROF_W * i + 4 + s] = global_timer();
+#endif
           const TaskDesc& S = s_subs[slot][s];
           run_variant(S, &s_ptrs[slot][S.ptr_begin - T.ptr_begin], smem, st);
         } else {
@@ -187,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) {
       unsigned smid; asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-      prof[4 * i + 2] = global_timer(); prof[4 * i + 3] = smid;
+      prof[AMK_PROF_W * i + 2] = global_timer(); prof[AMK_PROF_W * i + 3] = smid;
     }
 #endif
   }

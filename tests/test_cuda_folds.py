@@ -1,0 +1,75 @@
+"""Lowering folds of the CUDA backend on a real decode step (Llama-3.2-1B shape, one layer, on
+the meta device): the rope of q goes into the staged attention, the rope of k into the cache
+append, the combine's smem-only output is never zeroed. Numerics: tests/gpu (model tests)."""
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("cuda.bindings")
+
+from amk.backends.cuda import abi
+from amk.backends.cuda.lower import lower_program
+from amk.models.presets import LLAMA_3_2_1B, random_model
+from amk.program.ir import InstructionKind as K
+
+
+def _lowered(monkeypatch, attn_smem: str):
+    monkeypatch.setenv("AMK_ATTN_SMEM", attn_smem)
+    for k in ("AMK_GEMV_PIPE", "AMK_GEMV_RING", "AMK_CTAS_PER_SM"):
+        monkeypatch.delenv(k, raising=False)
+    m = random_model(replace(LLAMA_3_2_1B, max_seq=1088, n_layers=1), device="meta")
+    prog = m.lower(backend="cuda").program
+    return prog, lower_program(prog)
+
+
+def _steps(prog, low, has_op):
+    """(task, its lowered steps) of every FUSED task whose recipe has `has_op`; a task whose
+    steps fold into one instruction is lowered as that instruction (its own only step)."""
+    out = []
+    for i, t in enumerate(prog.tasks):
+        if t.op is K.FUSED and any(int(s["op"]) == int(has_op) for s in t.params["recipe"]["steps"]):
+            d = low.tasks[i]
+            fused = int(d["op"]) == int(K.FUSED)
+            out.append((d, low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]] if fused else [d]))
+    return out
+
+
+def _ip(step, group, name):
+    return int(step["ip"][abi.ip_index(group, name)])
+
+
+def test_q_rope_is_done_by_the_staged_attention(monkeypatch):
+    prog, low = _lowered(monkeypatch, "1")
+    att = _steps(prog, low, K.ATTENTION_TILE)
+    assert len(att) == 64                                       # 8 kv heads x 8 shards
+    for _, subs in att:
+        assert [int(s["op"]) for s in subs] == [int(K.ATTENTION_TILE)]
+        a = subs[0]
+        # q, k cache, v cache, pos and the model's inverse frequencies
+        assert (_ip(a, "ATTN", "Q_ROPE"), _ip(a, "ATTN", "ROPE_INV"), int(a["n_in"])) == (1, 1, 5)
+    assert not any(v.startswith("op_rope<") for v in low.variants)
+
+
+def test_the_v5_attention_keeps_its_rope_step(monkeypatch):
+    prog, low = _lowered(monkeypatch, "0")
+    for _, subs in _steps(prog, low, K.ATTENTION_TILE):
+        assert [int(s["op"]) for s in subs] == [int(K.ROPE), int(K.ATTENTION_TILE)]
+        assert _ip(subs[1], "ATTN", "Q_ROPE") == 0
+
+
+def test_k_rope_is_done_by_the_cache_append(monkeypatch):
+    prog, low = _lowered(monkeypatch, "1")
+    appends = [subs for _, subs in _steps(prog, low, K.KV_APPEND)]
+    assert len(appends) == 1                 # k's rope + append (v's append was never FUSED)
+    (a,) = appends[0]
+    assert int(a["op"]) == int(K.KV_APPEND)
+    assert (_ip(a, "KV", "ROPE_HD"), _ip(a, "KV", "ROPE_INV"), int(a["n_in"])) == (64, 1, 3)
+
+
+def test_a_combine_that_writes_only_shared_memory_zeroes_nothing(monkeypatch):
+    prog, low = _lowered(monkeypatch, "1")
+    combos = _steps(prog, low, K.ATTENTION_COMBINE)
+    assert combos
+    for d, subs in combos:
+        assert _ip(subs[0], "COMB", "TO_SMEM") == 1
+        assert int(d["n_zero"]) == 0
