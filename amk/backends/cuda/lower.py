@@ -668,84 +668,94 @@ def _norm_into_smem(steps) -> None:
                 steps[j][0].ip["XS_READY"] = 1
 
 
+def _fold_windows(steps, n: int, fold):
+    """Walk the steps; where fold(window of n steps, the steps after it) returns a step, that
+    step replaces the window."""
+    out, i = [], 0
+    while i < len(steps):
+        new = fold(steps[i:i + n], steps[i + n:]) if i + n <= len(steps) else None
+        if new is not None:
+            out.append(new)
+            i += n
+        else:
+            out.append(steps[i])
+            i += 1
+    return out
+
+
+def _read_later(ref, later) -> bool:
+    return any(v.ref == ref for _, args, _ in later for v in args)
+
+
+def _rope_fold(r, ra, ro, a, aa, later, consumer: int) -> bool:
+    """The shared conditions of the two rope folds: a one-position ROPE into a scratch that
+    only the next step (a `consumer` step) reads, as its first argument, with the same pos."""
+    return (r.op == int(K.ROPE) and a.op == consumer and aa[0].ref == ro[0].ref
+            and ro[0].ref[0] == REF_SCRATCH and not _read_later(ro[0].ref, later)
+            and r.ip["NPOS"] == 1 and ra[0].dtype == ro[0].dtype)
+
+
+def _with_inv(call: str, inv) -> str:
+    """A call whose last template argument (the inverse-frequency type) becomes inv's."""
+    return call if not inv else call.replace(", float>(AMK_ARGS)", f", {_ft(None, inv[0].dtype)}>(AMK_ARGS)")
+
+
 def _rope_into_attention(steps):
     """A ROPE of exactly one staged attention's q heads (batch 1, one position, the attention's
     own pos) into a scratch only that attention reads: the attention rotates q itself while it
     stages it (op_attention_smem's Q_ROPE), so q skips the scratch round trip and the step's
     barrier."""
-    out, i = [], 0
-    while i < len(steps):
-        if i + 1 < len(steps):
-            (r, ra, ro), (a, aa, ao) = steps[i], steps[i + 1]
-            if (r.op == int(K.ROPE) and a.op == int(K.ATTENTION_TILE) and a.call.startswith("op_attention_smem<")
-                    and aa[0].ref == ro[0].ref and ro[0].ref[0] == REF_SCRATCH
-                    and not any(v.ref == ro[0].ref for _, later, _ in steps[i + 2:] for v in later)
-                    and a.ip["B"] == 1 and a.ip["HAS_POS"] and len(aa) > 3 and ra[1].ref == aa[3].ref
-                    and r.ip["POS64"] == a.ip["POS64"] and r.ip["ROWS"] == 1 and r.ip["NPOS"] == 1
-                    and r.ip["HD"] == a.ip["HD"] and r.ip["COLS"] == a.ip["NH"] * a.ip["HD"]
-                    and (r.ip["C0"], r.ip["C1"]) == (a.ip["H_OFF"] * a.ip["HD"],
-                                                     (a.ip["H_OFF"] + a.ip["H_COUNT"]) * a.ip["HD"])
-                    and ra[0].dtype == ro[0].dtype):
-                inv = ra[2:3]
-                call = a.call if not inv else a.call.replace(", float>(AMK_ARGS)", f", {_ft(None, inv[0].dtype)}>(AMK_ARGS)")
-                e = Encoded(a.op, call, dict(a.ip, Q_ROPE=1, ROPE_INV=int(bool(inv))),
-                            dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
-                out.append((e, [ra[0]] + list(aa[1:4]) + list(inv), ao))
-                i += 2
-                continue
-        out.append(steps[i])
-        i += 1
-    return out
+    def fold(window, later):
+        (r, ra, ro), (a, aa, ao) = window
+        if not (_rope_fold(r, ra, ro, a, aa, later, int(K.ATTENTION_TILE))
+                and a.call.startswith("op_attention_smem<") and a.ip["B"] == 1 and a.ip["HAS_POS"]
+                and len(aa) > 3 and ra[1].ref == aa[3].ref and r.ip["POS64"] == a.ip["POS64"]
+                and r.ip["ROWS"] == 1 and r.ip["HD"] == a.ip["HD"] and r.ip["COLS"] == a.ip["NH"] * a.ip["HD"]
+                and (r.ip["C0"], r.ip["C1"]) == (a.ip["H_OFF"] * a.ip["HD"],
+                                                 (a.ip["H_OFF"] + a.ip["H_COUNT"]) * a.ip["HD"])):
+            return None
+        inv = ra[2:3]
+        e = Encoded(a.op, _with_inv(a.call, inv), dict(a.ip, Q_ROPE=1, ROPE_INV=int(bool(inv))),
+                    dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
+        return e, [ra[0]] + list(aa[1:4]) + list(inv), ao
+    return _fold_windows(steps, 2, fold)
 
 
 def _rope_into_append(steps):
     """A whole-tensor ROPE (one position, the append's own pos) into a scratch only the next
     KV_APPEND reads: the append rotates the rows itself (op_kv_append's ROPE_HD), one pass from
     the GEMV's output to the cache instead of a scratch round trip and a barrier."""
-    out, i = [], 0
-    while i < len(steps):
-        if i + 1 < len(steps):
-            (r, ra, ro), (a, aa, ao) = steps[i], steps[i + 1]
-            if (r.op == int(K.ROPE) and a.op == int(K.KV_APPEND) and aa[0].ref == ro[0].ref
-                    and ro[0].ref[0] == REF_SCRATCH
-                    and not any(v.ref == ro[0].ref for _, later, _ in steps[i + 2:] for v in later)
-                    and a.ip["HAS_POS"] and len(aa) == 2 and ra[1].ref == aa[1].ref
-                    and r.ip["POS64"] == a.ip["POS64"] and r.ip["NPOS"] == 1
-                    and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"]) and ra[0].dtype == ro[0].dtype
-                    and ra[0].numel == ro[0].numel == aa[0].numel):
-                inv = ra[2:3]
-                call = a.call if not inv else a.call.replace(", float>(AMK_ARGS)", f", {_ft(None, inv[0].dtype)}>(AMK_ARGS)")
-                e = Encoded(a.op, call, dict(a.ip, ROPE_HD=r.ip["HD"], ROPE_INV=int(bool(inv))),
-                            dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
-                out.append((e, [ra[0], aa[1]] + list(inv), ao))
-                i += 2
-                continue
-        out.append(steps[i])
-        i += 1
-    return out
+    def fold(window, later):
+        (r, ra, ro), (a, aa, ao) = window
+        if not (_rope_fold(r, ra, ro, a, aa, later, int(K.KV_APPEND))
+                and a.ip["HAS_POS"] and len(aa) == 2 and ra[1].ref == aa[1].ref
+                and r.ip["POS64"] == a.ip["POS64"] and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"])
+                and ra[0].numel == ro[0].numel == aa[0].numel):
+            return None
+        inv = ra[2:3]
+        e = Encoded(a.op, _with_inv(a.call, inv), dict(a.ip, ROPE_HD=r.ip["HD"], ROPE_INV=int(bool(inv))),
+                    dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
+        return e, [ra[0], aa[1]] + list(inv), ao
+    return _fold_windows(steps, 2, fold)
 
 
 def _pair_pipe_gemvs(steps):
     """Two consecutive pipe GEMV steps over the same x and the same row tile (gate and up)
     become one op_gemv_pipe of NMAT=2: one weight stream, x staged once. Runs after the
     scratch analyses above, which look at single-output steps."""
-    out, i = [], 0
-    while i < len(steps):
-        if i + 1 < len(steps):
-            (a, aa, ao), (b, ba, bo) = steps[i], steps[i + 1]
-            same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "RB", "NV", "XS_READY")
-            if (a.ip.get("PIPE") and b.ip.get("PIPE") and len(aa) == 2 and len(ba) == 2
-                    and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
-                    and aa[1].dtype == ba[1].dtype and ao[0].dtype == bo[0].dtype
-                    and ao[0].ref != ba[0].ref and ao[0].ref != bo[0].ref):
-                e = Encoded(a.op, a.call.replace(", 1, false>(AMK_ARGS)", ", 2, false>(AMK_ARGS)"),
-                            dict(a.ip, NMAT=2), dict(a.fp), a.group, a.prefetch + b.prefetch)
-                out.append((e, [aa[0], aa[1], ba[1]], [ao[0], bo[0]]))
-                i += 2
-                continue
-        out.append(steps[i])
-        i += 1
-    return out
+    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "RB", "NV", "XS_READY")
+
+    def fold(window, later):
+        (a, aa, ao), (b, ba, bo) = window
+        if not (a.ip.get("PIPE") and b.ip.get("PIPE") and len(aa) == 2 and len(ba) == 2
+                and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
+                and aa[1].dtype == ba[1].dtype and ao[0].dtype == bo[0].dtype
+                and ao[0].ref != ba[0].ref and ao[0].ref != bo[0].ref):
+            return None
+        e = Encoded(a.op, a.call.replace(", 1, false>(AMK_ARGS)", ", 2, false>(AMK_ARGS)"),
+                    dict(a.ip, NMAT=2), dict(a.fp), a.group, a.prefetch + b.prefetch)
+        return e, [aa[0], aa[1], ba[1]], [ao[0], bo[0]]
+    return _fold_windows(steps, 2, fold)
 
 
 def _pair_gemvs(steps):
@@ -753,72 +763,60 @@ def _pair_gemvs(steps):
     SILU_MUL of exactly those two tiles that follows them: one op_gemv_direct of NMAT=2 that
     computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is staged once,
     one item holds a row of each matrix, and neither tile goes through scratch."""
-    out, i = [], 0
     silu = abi.EW_KINDS.index("SILU_MUL")
-    while i < len(steps):
-        if i + 2 < len(steps):
-            (a, aa, ao), (b, ba, bo), (c, ca, co) = steps[i:i + 3]
-            same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY")
-            ga, gb = a.direct, b.direct
-            if (ga and gb and ga["epi"] == gb["epi"] == 0 and not ga["bias"] and not gb["bias"]
-                    and ga["nmat"] == gb["nmat"] == 1 and ga["tw"] == gb["tw"] and ga["ty"] == gb["ty"]
-                    and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
-                    and c.op == int(K.SILU_MUL) and c.ip.get("KIND") == silu and c.ip["ROWS"] == 1
-                    and sorted(v.ref for v in ca) == sorted([ao[0].ref, bo[0].ref]) and ao[0].ref != bo[0].ref
-                    and ao[0].ref[0] == bo[0].ref[0] == REF_SCRATCH
-                    and (c.ip["C0"], c.ip["C1"]) == (a.ip["N_OFF"], a.ip["N_OFF"] + a.ip["N_TILE"])
-                    and all(c.ip[k] == c.ip["COLS"] for k in ("A_RS", "B_RS")) and c.ip["A_CS"] == c.ip["B_CS"] == 1
-                    and co[0].cols == ao[0].cols == bo[0].cols == a.ip["N"] and co[0].dtype in FLOATS
-                    and not any(v.ref in (ao[0].ref, bo[0].ref) for _, later, _ in steps[i + 3:] for v in later)):
-                tmpl = dict(ga, nmat=2, epi=2, to=_ft(None, co[0].dtype))
-                e = Encoded(a.op, _direct_call(tmpl), dict(a.ip), dict(a.fp), a.group,
-                            a.prefetch + b.prefetch, direct=tmpl)
-                gate, up = (aa[1], ba[1]) if ca[0].ref == ao[0].ref else (ba[1], aa[1])
-                out.append((e, [aa[0], gate, up], [co[0]]))
-                i += 3
-                continue
-        out.append(steps[i])
-        i += 1
-    return out
+    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY")
+
+    def fold(window, later):
+        (a, aa, ao), (b, ba, bo), (c, ca, co) = window
+        ga, gb = a.direct, b.direct
+        if not (ga and gb and ga["epi"] == gb["epi"] == 0 and not ga["bias"] and not gb["bias"]
+                and ga["nmat"] == gb["nmat"] == 1 and ga["tw"] == gb["tw"] and ga["ty"] == gb["ty"]
+                and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
+                and c.op == int(K.SILU_MUL) and c.ip.get("KIND") == silu and c.ip["ROWS"] == 1
+                and sorted(v.ref for v in ca) == sorted([ao[0].ref, bo[0].ref]) and ao[0].ref != bo[0].ref
+                and ao[0].ref[0] == bo[0].ref[0] == REF_SCRATCH
+                and (c.ip["C0"], c.ip["C1"]) == (a.ip["N_OFF"], a.ip["N_OFF"] + a.ip["N_TILE"])
+                and all(c.ip[k] == c.ip["COLS"] for k in ("A_RS", "B_RS")) and c.ip["A_CS"] == c.ip["B_CS"] == 1
+                and co[0].cols == ao[0].cols == bo[0].cols == a.ip["N"] and co[0].dtype in FLOATS
+                and not _read_later(ao[0].ref, later) and not _read_later(bo[0].ref, later)):
+            return None
+        tmpl = dict(ga, nmat=2, epi=2, to=_ft(None, co[0].dtype))
+        e = Encoded(a.op, _direct_call(tmpl), dict(a.ip), dict(a.fp), a.group,
+                    a.prefetch + b.prefetch, direct=tmpl)
+        gate, up = (aa[1], ba[1]) if ca[0].ref == ao[0].ref else (ba[1], aa[1])
+        return e, [aa[0], gate, up], [co[0]]
+    return _fold_windows(steps, 3, fold)
 
 
 def _fold_add(steps):
-    """A batch-1 GEMV tile (op_gemv or op_gemv_pipe) into a scratch that only the next step
-    reads, an ADD of that tile and a residual at the same columns (o + h, down + h): the GEMV
-    adds the residual (appended as its last input) itself and writes the ADD's output. Runs
-    last, like _pair_pipe_gemvs."""
-    out, i = [], 0
-    while i < len(steps):
-        if i + 1 < len(steps):
-            (g, ga, go), (a, aa, ao) = steps[i], steps[i + 1]
-            y = go[0]
-            full = ("A_RS", "B_RS")
-            plain = g.call is not None and g.call.startswith("op_gemv<") and g.ip.get("M") == 1
-            direct = g.direct is not None and g.direct["nmat"] == 1 and g.direct["epi"] == 0
-            if ((plain or direct or g.ip.get("PIPE") and g.ip["NMAT"] == 1) and a.op == int(K.ADD) and len(aa) == 2
-                    and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
-                    and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
-                    and all(a.ip[k] == a.ip["COLS"] for k in full) and a.ip["A_CS"] == a.ip["B_CS"] == 1
-                    and ao[0].cols == y.cols == g.ip["N"] and y.ref[0] == REF_SCRATCH
-                    and all(v.dtype in FLOATS for v in aa + ao)
-                    and [v.ref for v in aa].count(y.ref) == 1
-                    and not any(v.ref == y.ref for _, later, _ in steps[i + 2:] for v in later)):
-                res = aa[1] if aa[0].ref == y.ref else aa[0]
-                if direct:
-                    tmpl = dict(g.direct, epi=1, tr=_ct(None, res.dtype), to=_ft(None, ao[0].dtype))
-                    call = _direct_call(tmpl)
-                else:
-                    tmpl = None
-                    call = g.call.replace(">(AMK_ARGS)", f", true, {_ct(None, res.dtype)}, "
-                                                         f"{_ft(None, ao[0].dtype)}>(AMK_ARGS)")
-                e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, g.prefetch + a.prefetch,
-                            direct=tmpl)
-                out.append((e, ga + [res], [ao[0]]))
-                i += 2
-                continue
-        out.append(steps[i])
-        i += 1
-    return out
+    """A batch-1 GEMV tile (op_gemv, op_gemv_direct or op_gemv_pipe) into a scratch that only
+    the next step reads, an ADD of that tile and a residual at the same columns (o + h, down +
+    h): the GEMV adds the residual (appended as its last input) itself and writes the ADD's
+    output. Runs last, like _pair_pipe_gemvs."""
+    def fold(window, later):
+        (g, ga, go), (a, aa, ao) = window
+        y = go[0]
+        plain = g.call is not None and g.call.startswith("op_gemv<") and g.ip.get("M") == 1
+        direct = g.direct is not None and g.direct["nmat"] == 1 and g.direct["epi"] == 0
+        if not ((plain or direct or g.ip.get("PIPE") and g.ip["NMAT"] == 1) and a.op == int(K.ADD)
+                and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
+                and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
+                and all(a.ip[k] == a.ip["COLS"] for k in ("A_RS", "B_RS")) and a.ip["A_CS"] == a.ip["B_CS"] == 1
+                and ao[0].cols == y.cols == g.ip["N"] and y.ref[0] == REF_SCRATCH
+                and all(v.dtype in FLOATS for v in aa + ao)
+                and [v.ref for v in aa].count(y.ref) == 1 and not _read_later(y.ref, later)):
+            return None
+        res = aa[1] if aa[0].ref == y.ref else aa[0]
+        if direct:
+            tmpl = dict(g.direct, epi=1, tr=_ct(None, res.dtype), to=_ft(None, ao[0].dtype))
+            call = _direct_call(tmpl)
+        else:
+            tmpl = None
+            call = g.call.replace(">(AMK_ARGS)", f", true, {_ct(None, res.dtype)}, "
+                                                 f"{_ft(None, ao[0].dtype)}>(AMK_ARGS)")
+        e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, g.prefetch + a.prefetch, direct=tmpl)
+        return e, ga + [res], [ao[0]]
+    return _fold_windows(steps, 2, fold)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -874,14 +872,9 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         ins = [_view(program.buffers[b]) for b in t.inputs]
         outs = [_view(program.buffers[b]) for b in t.outputs]
         steps, zero, used = _lower_fused(t, ins, outs, scratch) if t.op == K.FUSED else ([], [], 0)
-        if (len(steps) == 1 and not zero       # folded into one instruction: a plain task
-                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2])):
-            enc, sins, souts = steps[0]
-            ck = chunk_list([enc])
-            d = desc(enc, sins, souts)
-            d["ck_begin"], d["n_ck"] = ck
-            d["n_ptr_all"] = d["n_in"] + d["n_out"]
-        elif t.op == K.FUSED:
+        one = (len(steps) == 1 and not zero       # folded into one instruction: a plain task
+               and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2]))
+        if t.op == K.FUSED and not one:
             ck = chunk_list([enc for enc, _, _ in steps])
             d = desc(Encoded(int(t.op), None), ins, outs)
             d["sub_begin"], d["n_sub"] = len(subs), len(steps)
@@ -900,9 +893,9 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
             d["ck_begin"], d["n_ck"] = ck
             d["n_ptr_all"] = len(refs) - d["ptr_begin"]      # its steps' pointers follow its own
         else:
-            enc = encode_op(t, t.op, ins, outs, t.params)
+            enc, sins, souts = steps[0] if one else (encode_op(t, t.op, ins, outs, t.params), ins, outs)
             ck = chunk_list([enc])
-            d = desc(enc, ins, outs)
+            d = desc(enc, sins, souts)
             d["ck_begin"], d["n_ck"] = ck
             d["n_ptr_all"] = d["n_in"] + d["n_out"]
         d["task_id"] = t.id
