@@ -16,7 +16,7 @@ class Target:
     smem_bytes: int                 # shared memory per SM
     mem_bw: float = 3.96e12         # bytes/s a large read streams at (measured on H200)
     flops: float = 989e12           # dense bf16 flop/s
-    max_tile_bytes: int = 256 << 10  # weight bytes per GEMV tile (streamed in smem pages)
+    max_tile_bytes: int = 256 << 10  # weight bytes a GEMV tile streams at most (see tile.py)
     min_tile_cols: int = 16         # tile widths are multiples of this (one MMA/warp row block)
     task_overhead_ns: float = 1500.0  # counter wait + dispatch + activation reads per task (H200, measured 2026: several us)
 
