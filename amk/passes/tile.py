@@ -54,17 +54,17 @@ def _stage_cols(program: Program) -> dict[int, int]:
     for t in program.tasks:
         if t.op in GEMV and t.outputs and len(t.inputs) >= 2 and _untiled(t, bufs[t.outputs[0]].cols):
             stages.setdefault(t.inputs[0], []).append(t)
+    ew_inputs = [e.inputs for e in program.tasks if e.op in ELEMENTWISE]
     out: dict[int, int] = {}
     for ts in stages.values():
         if len(ts) < 2:
             continue
         by_out = {t.outputs[0]: t for t in ts}
         counted = {t.id for t in ts}
-        for e in program.tasks:
-            if e.op in ELEMENTWISE:
-                pair = sorted({by_out[b].id for b in e.inputs if b in by_out})
-                if len(pair) == 2:
-                    counted.discard(pair[1])
+        for ins in ew_inputs:
+            pair = sorted({by_out[b].id for b in ins if b in by_out})
+            if len(pair) == 2:
+                counted.discard(pair[1])
         cols = sum(bufs[t.outputs[0]].cols for t in ts if t.id in counted)
         out.update((t.id, cols) for t in ts)
     return out

@@ -11,6 +11,27 @@ __device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, l
   if (hi < lo) hi = lo;
 }
 
+// One chunk's online softmax: warp w < nhs turns head w's scores sc[w * stride + i], i < cn,
+// into probabilities against the running max, and updates m_run, l_run and alpha (the factor
+// the head's P·V sums so far are scaled by).
+__device__ __forceinline__ void attn_softmax(float* sc, int stride, int cn, int nhs, float* m_run,
+                                             float* l_run, float* alpha) {
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+  if (w >= nhs) return;
+  float mc = -__int_as_float(0x7f800000);
+  for (int i = lane; i < cn; i += 32) mc = fmaxf(mc, sc[w * stride + i]);
+  mc = warp_max(mc);
+  const float mold = m_run[w];
+  const float mnew = fmaxf(mold, mc);
+  float ls = 0.f;
+  for (int i = lane; i < cn; i += 32) { const float p = expf(sc[w * stride + i] - mnew); sc[w * stride + i] = p; ls += p; }
+  ls = warp_sum(ls);
+  if (lane == 0) {
+    const float a = expf(mold - mnew);
+    alpha[w] = a; l_run[w] = l_run[w] * a + ls; m_run[w] = mnew;
+  }
+}
+
 // One pass's output, heads [row0, row0 + nhs) of out: each head's P·V sums over the PG position
 // groups (red: [PG][HG][hd]), divided by l, or the flash partial [acc | m | l] when partial.
 template <int HG, class TO>
@@ -104,21 +125,7 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
             for (int j = 0; j < HG; j++) if (j < nhs) sc[j * NT + tid] = s[j] * scale;
           }
           __syncthreads();
-          const int w = tid >> 5, lane = tid & 31;
-          if (w < nhs) {
-            float mc = -__int_as_float(0x7f800000);
-            for (int i = lane; i < cn; i += 32) mc = fmaxf(mc, sc[w * NT + i]);
-            mc = warp_max(mc);
-            const float mold = m_run[w];
-            const float mnew = fmaxf(mold, mc);
-            float ls = 0.f;
-            for (int i = lane; i < cn; i += 32) { const float p = expf(sc[w * NT + i] - mnew); sc[w * NT + i] = p; ls += p; }
-            ls = warp_sum(ls);
-            if (lane == 0) {
-              const float a = expf(mold - mnew);
-              alpha[w] = a; l_run[w] = l_run[w] * a + ls; m_run[w] = mnew;
-            }
-          }
+          attn_softmax(sc, NT, cn, nhs, m_run, l_run, alpha);
           __syncthreads();
           if (pg < PG) {
 #pragma unroll
@@ -271,21 +278,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
             sc[j * CR + r] = sj * scale;
           }
           __syncthreads();
-          const int w = tid >> 5, lane = tid & 31;
-          if (w < nhs) {
-            float mc = -__int_as_float(0x7f800000);
-            for (int i = lane; i < cn; i += 32) mc = fmaxf(mc, sc[w * CR + i]);
-            mc = warp_max(mc);
-            const float mold = m_run[w];
-            const float mnew = fmaxf(mold, mc);
-            float ls = 0.f;
-            for (int i = lane; i < cn; i += 32) { const float p = expf(sc[w * CR + i] - mnew); sc[w * CR + i] = p; ls += p; }
-            ls = warp_sum(ls);
-            if (lane == 0) {
-              const float a = expf(mold - mnew);
-              alpha[w] = a; l_run[w] = l_run[w] * a + ls; m_run[w] = mnew;
-            }
-          }
+          attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha);
           cp_async_wait<0>();                                // V
           __syncthreads();
           if (pg < PG) {
