@@ -122,12 +122,13 @@ def gemv_pipe() -> tuple[int, int]:
 
 def l2_prefetch() -> int:
     """AMK_L2_PREFETCH: which weight ranges the CUDA scheduler prefetches into L2 before a
-    task's counter wait. 0 (default): the NEXT task's first GEMV round only (bench/NOTES.md
-    v9); 1: the NEXT task's whole weight tiles; 2: the task's own whole tiles (the wait hides
-    the HBM -> L2 copy). Whole tiles measured slower on an H200 (NOTES v8)."""
+    task's counter wait. 0 (default): none; 1: the NEXT task's whole weight tiles; 2: the task's
+    own whole tiles (the wait hides the HBM -> L2 copy); 3: the NEXT task's first GEMV round
+    (v9's default). Every one measured slower on an H200 (bench/NOTES.md v8, v10: 3 cost 0.09
+    ms a step and sped no GEMV up)."""
     n = _int("AMK_L2_PREFETCH", 0)
-    if n not in (0, 1, 2):
-        raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0, 1 or 2")
+    if n not in (0, 1, 2, 3):
+        raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0, 1, 2 or 3")
     return n
 
 
@@ -148,6 +149,12 @@ def counter_stride() -> int:
     if n < 1 or n > 1024 or n & (n - 1):
         raise ValueError(f"AMK_COUNTER_STRIDE={n}: expected a power of two in 1..1024")
     return n
+
+
+def lineinfo() -> bool:
+    """AMK_LINEINFO=1: NVRTC adds line info to the cubin (-lineinfo), so a profiler (ncu's
+    source page, bench/ncu_step.py) maps each SASS instruction to a line of the kernel source."""
+    return _int("AMK_LINEINFO", 0) != 0
 
 
 def backend_knobs() -> tuple:

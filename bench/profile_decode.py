@@ -17,7 +17,6 @@ import json
 import os
 import re
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 os.environ["AMK_PROFILE"] = "1"
@@ -25,12 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without 
 
 import torch  # noqa: E402
 
-import amk  # noqa: E402
 from amk import knobs  # noqa: E402
-from amk.models.model import Model  # noqa: E402
-from amk.models.presets import LLAMA_3_2_1B, random_params  # noqa: E402
 from amk.passes.cost import task_cost  # noqa: E402
 from amk.program.ir import BufferKind, InstructionKind as K  # noqa: E402
+from bench.llama_step import cuda_step  # noqa: E402
 
 _LAYER = re.compile(r"(?:layers|kv)\.(\d+)\.")
 
@@ -158,15 +155,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench/profile_decode.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    cfg = LLAMA_3_2_1B if a.layers is None else replace(LLAMA_3_2_1B, n_layers=a.layers)
-    cfg = replace(cfg, max_seq=a.context + 64)
-    params = random_params(cfg, device="cuda", seed=0)
-    m = Model(cfg, params)
-    kv = m.new_kv()
-    token = torch.tensor([17], dtype=torch.int32, device="cuda")
-    pos = torch.tensor([a.context - 1], dtype=torch.int32, device="cuda")
-    step = amk.jit(m.fn, backend="cuda", donate=("kv",))
-    args = (params, token, pos, kv)
+    step, args, cfg = cuda_step(a.context, a.layers)
     exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)
     print(f"knobs (ring, attn_smem, profile, ctas, pipe, l2, spin, stride): {knobs.backend_knobs()}, "
           f"{len(exe.lowered.stream)} streamed chunks")

@@ -204,6 +204,18 @@ def test_smem_staged_attention_is_the_default_and_compiles(cache, monkeypatch):
     assert re.search(r"op_attention_smem.*\n.*0 bytes stack frame", res.log)
 
 
+def test_staged_attention_takes_the_largest_head_pass_that_divides_a_kv_group(monkeypatch):
+    monkeypatch.delenv("AMK_ATTN_SMEM", raising=False)
+    passes = {}
+    for c in examples.cases():
+        if c.program.tasks[0].op is InstructionKind.ATTENTION_TILE:
+            call = lower_program(c.program).variants[0]
+            passes[c.name] = int(re.search(r", (\d+)>\(AMK_ARGS\)$", call).group(1))
+    # heads a kv group: 4 (Llama-style GQA), 1 (MHA), 3, 12 (two passes of 6)
+    assert passes["attention_gqa_bf16"] == 4 and passes["attention_batched_long"] == 1
+    assert passes["attention_rep3_f32"] == 3 and passes["attention_rep12_hd128"] == 6
+
+
 def test_two_ctas_per_sm_render_256_threads_that_fit_twice_in_an_sm(cache, monkeypatch):
     """AMK_CTAS_PER_SM=2: 256-thread CTAs bounded for 2 per SM, 64 KiB dynamic smem each (no
     ring), the cuda target places on 2 x SMs queues, and the lowered cache keys on the knob."""

@@ -85,6 +85,7 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n"
              f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n"
              f"#define AMK_SPIN_NS {knobs.spin_ns()}\n#define AMK_CSTRIDE {knobs.counter_stride()}\n"
+             f"#define AMK_PF {int(any(t['n_pf'] for t in low.tasks))}\n"
              f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n",
              abi.render_header()]
     if knobs.profile():

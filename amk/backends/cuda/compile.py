@@ -92,9 +92,12 @@ def cache_key(source: str, arch: str, options: tuple[str, ...]) -> str:
     return h.hexdigest()[:32]
 
 
-def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] = DEFAULT_OPTIONS,
+def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] | None = None,
                    use_cache: bool = True) -> CompileResult:
-    """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache."""
+    """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache.
+    ``options`` default: DEFAULT_OPTIONS, plus -lineinfo under AMK_LINEINFO=1."""
+    if options is None:
+        options = DEFAULT_OPTIONS + (("-lineinfo",) if knobs.lineinfo() else ())
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise CompileError(f"arch {arch!r} is not a real GPU architecture like 'sm_90a' "
                            "(AMK loads CUBINs, never PTX)")

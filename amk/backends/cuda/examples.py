@@ -190,6 +190,14 @@ def cases() -> list[Case]:
                      [("y", BK.IO_OUTPUT, f16, (2, 4 * 32))], {"head_dim": 32, "n_heads": 4, "n_kv_heads": 4},
                      {"q": _rand((2, 128), th), "k": _rand((2, 700, 4, 32), th), "v": _rand((2, 700, 4, 32), th),
                       "pos": _const([650])}))
+    for name, nq, nk, d, dt, tt in (("attention_rep3_f32", 9, 3, 64, f32, tf),       # 3 heads a pass
+                                    ("attention_rep12_hd128", 24, 2, 128, bf, tb)):  # 2 passes of 6
+        C.append(_single(name, K.ATTENTION_TILE,
+                         [("q", BK.IO_INPUT, dt, (1, nq * d)), ("k", BK.KV_CACHE, dt, (S, nk, d)),
+                          ("v", BK.KV_CACHE, dt, (S, nk, d)), ("pos", BK.IO_INPUT, i32, (1,))],
+                         [("y", BK.IO_OUTPUT, dt, (1, nq * d))], {"head_dim": d, "n_heads": nq, "n_kv_heads": nk},
+                         {"q": _rand((1, nq * d), tt), "k": _rand((S, nk, d), tt), "v": _rand((S, nk, d), tt),
+                          "pos": _const([61])}))
     P = 3
 
     def _partials(g):

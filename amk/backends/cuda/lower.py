@@ -9,6 +9,7 @@ on the number of tasks: a Llama program renders to a few dozen functions and com
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,7 +175,7 @@ def _enc_allreduce(t, op, ins, outs, p) -> Encoded:
 
 
 def _weight_prefetch(x: View, off: int, nbytes: int, e: Encoded) -> None:
-    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0 and knobs.l2_prefetch():
+    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0 and knobs.l2_prefetch() in (1, 2):
         e.prefetch.append((x.ref, off, nbytes))
 
 
@@ -262,7 +263,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
         e.ip["RPC"] = rpc
         e.chunks = [(w.ref, (n_off + r) * row_bytes, min(rpc, n_tile - r) * row_bytes)
                     for r in range(0, n_tile, rpc)]
-    if direct and not knobs.l2_prefetch():   # the first round's rows, a task ahead (NOTES v9)
+    if direct and knobs.l2_prefetch() == 3:   # the first round's rows, a task ahead (NOTES v9)
         _first_round_prefetch(w, n_off, n_tile, row_bytes, Kd * w.esize // 16, e)
     elif not ring:   # streamed tiles are not L2-prefetched: the prefetch shares the SM's bulk-
         _weight_prefetch(w, n_off * row_bytes, n_tile * row_bytes, e)   # copy unit (NOTES v4)
@@ -401,7 +402,9 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     # K/V rows staged in smem by 16-byte cp.async where rows are whole 16-byte vectors
     staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
     types = f"{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, {_ft(t, out.dtype)}"
-    call = f"op_attention_smem<{types}, float>(AMK_ARGS)" if staged else f"op_attention<{types}>(AMK_ARGS)"
+    hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
+    call = (f"op_attention_smem<{types}, float, {hg}>(AMK_ARGS)" if staged
+            else f"op_attention<{types}>(AMK_ARGS)")
     e = Encoded(int(op), call, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
                 H_COUNT=hc, B=B, MAX_SEQ=max_seq,
@@ -696,8 +699,12 @@ def _rope_fold(r, ra, ro, a, aa, later, consumer: int) -> bool:
 
 
 def _with_inv(call: str, inv) -> str:
-    """A call whose last template argument (the inverse-frequency type) becomes inv's."""
-    return call if not inv else call.replace(", float>(AMK_ARGS)", f", {_ft(None, inv[0].dtype)}>(AMK_ARGS)")
+    """A call whose inverse-frequency type (its last type argument, float, before an optional
+    integer one) becomes inv's."""
+    if not inv:
+        return call
+    return re.sub(r", float(, \d+)?>\(AMK_ARGS\)$",
+                  lambda m: f", {_ft(None, inv[0].dtype)}{m.group(1) or ''}>(AMK_ARGS)", call)
 
 
 def _rope_into_attention(steps):

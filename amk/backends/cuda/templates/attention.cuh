@@ -12,10 +12,11 @@ __device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, l
 }
 
 // One chunk's online softmax: warp w < nhs turns head w's scores sc[w * stride + i], i < cn,
-// into probabilities against the running max, and updates m_run, l_run and alpha (the factor
-// the head's P·V sums so far are scaled by).
+// into probabilities against the running max, written to pout[i * pi + w * pj] (in place:
+// pout = sc, pi = 1, pj = stride), and updates m_run, l_run and alpha (the factor the head's
+// P·V sums so far are scaled by).
 __device__ __forceinline__ void attn_softmax(float* sc, int stride, int cn, int nhs, float* m_run,
-                                             float* l_run, float* alpha) {
+                                             float* l_run, float* alpha, float* pout, int pi, int pj) {
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
   if (w >= nhs) return;
   float mc = -__int_as_float(0x7f800000);
@@ -24,7 +25,7 @@ __device__ __forceinline__ void attn_softmax(float* sc, int stride, int cn, int 
   const float mold = m_run[w];
   const float mnew = fmaxf(mold, mc);
   float ls = 0.f;
-  for (int i = lane; i < cn; i += 32) { const float p = expf(sc[w * stride + i] - mnew); sc[w * stride + i] = p; ls += p; }
+  for (int i = lane; i < cn; i += 32) { const float p = expf(sc[w * stride + i] - mnew); pout[i * pi + w * pj] = p; ls += p; }
   ls = warp_sum(ls);
   if (lane == 0) {
     const float a = expf(mold - mnew);
@@ -125,7 +126,7 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
             for (int j = 0; j < HG; j++) if (j < nhs) sc[j * NT + tid] = s[j] * scale;
           }
           __syncthreads();
-          attn_softmax(sc, NT, cn, nhs, m_run, l_run, alpha);
+          attn_softmax(sc, NT, cn, nhs, m_run, l_run, alpha, sc, 1, NT);
           __syncthreads();
           if (pg < PG) {
 #pragma unroll
@@ -197,9 +198,26 @@ __device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, 
   }
 }
 
-template <class TQ, class TK, class TV, class TO, class TF>
+// Two adjacent values of a V row (its dims 2 d2, 2 d2 + 1) as floats.
+__device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, bf16*) {
+  const unsigned u = *(const unsigned*)p; a = __uint_as_float(u << 16); b = __uint_as_float(u & 0xffff0000u);
+}
+__device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, f16*) {
+  const f16* h = (const f16*)p; a = to_f(h[0]); b = to_f(h[1]);
+}
+__device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float*) {
+  const float2 f = *(const float2*)p; a = f.x; b = f.y;
+}
+
+// HG: the q heads of one pass, a template constant (lower: the largest divisor of the heads a
+// kv group has up to 8), so the per-head sums are registers with no predicates (a pass with
+// nhs < HG heads leaves the rest of pt, alpha and acc stale: never written out). Phases: scores one (head, position) a
+// thread; softmax a warp a head, writing probabilities transposed (pt: [position][HGP], HGP =
+// HG rounded up to 4: float4 reads); P.V a thread per 2 dims and position group (a warp = a
+// row of 32 dim pairs for hd = 64), each position one 4-byte V read and HGP/4 16-byte reads.
+template <class TQ, class TK, class TV, class TO, class TF, int HG>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
-  constexpr int HG = 8;
+  constexpr int HGP = (HG + 3) & ~3;
   const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
   const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT], B = d.ip[P_ATTN_B];
   const long long max_seq = d.ip[P_ATTN_MAX_SEQ];
@@ -212,24 +230,25 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   const int krs = hd * (int)sizeof(TK) + 16, vrs = hd * (int)sizeof(TV) + 16;   // padded rows
+  const int tid = threadIdx.x, hd2 = hd / 2, PG = NT / hd2, d2 = tid % hd2, pg = tid / hd2;
   float* qs = (float*)smem;                                  // [HG][hd]
-  const int red_f = NT * HG;                                 // [PG][HG][hd] floats, PG*hd <= NT
-  int CR = (AMK_RING_OFF + AMK_FREE_RING - HG * hd * 4) / (HG * 4 + krs + vrs);   // + the ring area when free
+  const int red_f = PG * HG * hd;                            // [PG][HG][hd] partial P.V sums
+  int CR = (AMK_RING_OFF + AMK_FREE_RING - HG * hd * 4) / ((HG + HGP) * 4 + krs + vrs);   // + the ring area when free
   if (CR > NT) CR = NT;
   CR &= ~3;
-  float* sc = qs + HG * hd;                                  // [HG][CR]
-  char* ks = (char*)(sc + HG * CR);                          // [CR][krs]
+  float* sc = qs + HG * hd;                                  // [HG][CR] scores
+  float* pt = sc + HG * CR;                                  // [CR][HGP] probabilities
+  char* ks = (char*)(pt + HGP * CR);                         // [CR][krs]
   char* vs = ks + CR * krs;                                  // [CR][vrs]
   float* red = (CR * (krs + vrs) >= red_f * 4) ? (float*)ks : (float*)(vs + CR * vrs);   // after the last chunk
   __shared__ float m_run[HG], l_run[HG], alpha[HG];
-  const int tid = threadIdx.x, PG = NT / hd, dd = tid % hd, pg = tid / hd;
   constexpr int KV = VecN<TK>::N;
   const long long rstride = (long long)nkv * hd;
 
   for (int b = 0; b < B; b++)
     for (int g = h0 / rep; g < (h0 + hc) / rep; g++)
       for (int hs0 = 0; hs0 < rep; hs0 += HG) {
-        const int nhs = rep - hs0 < HG ? rep - hs0 : HG;
+        const int nhs = rep - hs0 < HG ? rep - hs0 : HG;      // == HG unless HG does not divide rep
         const int hbase = g * rep + hs0;
         const TK* kbase = kc + (b * max_seq * nkv + g) * hd;
         const TV* vbase = vc + (b * max_seq * nkv + g) * hd;
@@ -243,9 +262,9 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         const int n = (int)(hi - lo);
         attn_stage_q<TQ, TF>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos);
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
-        float acc[HG];
+        float acc[HG][2];
 #pragma unroll
-        for (int j = 0; j < HG; j++) acc[j] = 0.f;
+        for (int j = 0; j < HG; j++) acc[j][0] = acc[j][1] = 0.f;
         for (long long t0 = lo; t0 < hi; t0 += CR) {
           const int cn = hi - t0 < CR ? (int)(hi - t0) : CR;
           if (t0 != lo) {                                    // after the previous chunk's last barrier
@@ -278,18 +297,26 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
             sc[j * CR + r] = sj * scale;
           }
           __syncthreads();
-          attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha);
+          attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1);
           cp_async_wait<0>();                                // V
           __syncthreads();
           if (pg < PG) {
 #pragma unroll
-            for (int j = 0; j < HG; j++) if (j < nhs) acc[j] *= alpha[j];
-            const char* vcol = vs + dd * (int)sizeof(TV);
+            for (int j = 0; j < HG; j++) { acc[j][0] *= alpha[j]; acc[j][1] *= alpha[j]; }   // j >= nhs: unused
+            const char* vcol = vs + 2 * d2 * (int)sizeof(TV);
 #pragma unroll 4
             for (int i = pg; i < cn; i += PG) {
-              const float v = to_f(*(const TV*)(vcol + i * vrs));
+              float v0, v1;
+              attn_v2(vcol + i * vrs, v0, v1, (TV*)0);
+              const float4* pv = (const float4*)(pt + i * HGP);
 #pragma unroll
-              for (int j = 0; j < HG; j++) if (j < nhs) acc[j] += sc[j * CR + i] * v;
+              for (int c = 0; c < HGP / 4; c++) {
+                const float4 p4 = pv[c];
+                const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                  if (4 * c + e < HG) { acc[4 * c + e][0] += pj[e] * v0; acc[4 * c + e][1] += pj[e] * v1; }
+              }
             }
           }
           __syncthreads();
@@ -298,7 +325,8 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         __syncthreads();
         if (pg < PG) {
 #pragma unroll
-          for (int j = 0; j < HG; j++) if (j < nhs) red[(pg * HG + j) * hd + dd] = acc[j];
+          for (int j = 0; j < HG; j++)
+            if (j < nhs) *(float2*)(red + (pg * HG + j) * hd + 2 * d2) = make_float2(acc[j][0], acc[j][1]);
         }
         __syncthreads();
         attn_write<HG>(out, red, m_run, l_run, nhs, hd, PG, (long long)b * nh + hbase, partial, n);

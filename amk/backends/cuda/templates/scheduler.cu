@@ -1,9 +1,9 @@
 // The persistent scheduler: each persistent CTA (AMK_CTAS_PER_SM of them per SM, NT threads
 // each) walks its static queue. For each task it tops up the CTA's weight stream (GEMV weight
 // chunks of this and later tasks into shared memory, see common.cuh), prefetches weights into
-// L2 (by default the NEXT task's first GEMV round; AMK_L2_PREFETCH: whole tiles, the next
-// task's or this one's; weights never depend on activations; the last warp does it, and the
-// barrier after the wait waits for it: keep it to a few loads, NOTES v9) and issues a pipe
+// L2 when the tables hold prefetch ranges (AMK_PF; AMK_L2_PREFETCH: none by default; weights
+// never depend on activations; the last warp does it, and the barrier after the wait waits
+// for it: keep it to a few loads, NOTES v9) and issues a pipe
 // GEMV's first weight items (gemv_pipe.cuh), all before it waits
 // on the task's counters: thread 0 polls them with acquire loads and __nanosleep backoff (a
 // wait with no progress for watchdog_ns aborts every CTA and names the task). Then it runs the
@@ -18,6 +18,7 @@
 #define SLOT_SUBS 8          // FUSED steps whose descriptors a slot holds
 #define SLOT_PTRS 128        // pointers (task + its steps) a slot holds; larger tasks load per step
 #define DESC_WORDS ((int)(sizeof(TaskDesc) / 4))
+#define QUEUE_CAP 512        // queue entries a CTA keeps in shared memory (longer queues read the rest from global)
 
 // Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0, the issuer or the
 // prefetching last warp). Every thread commits a group, empty or not.
@@ -98,6 +99,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   __shared__ __align__(8) void* s_ptrs[2][SLOT_PTRS];
   __shared__ void* s_sub_ptrs[MAX_PTRS];
   __shared__ int s_ok;
+  __shared__ int s_queue[QUEUE_CAP];   // the task ids: no global load at each task's start
   const TaskDesc* tasks = (const TaskDesc*)A.tasks;
   const unsigned long long* ptrs = (const unsigned long long*)A.ptrs;
   const int* qt = (const int*)A.queue_tasks;
@@ -119,12 +121,13 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     if (amk_ss.n > 0) stream_win_request(smem, 0);
   }
   if (qb < qe) slot_stage1(tasks + qt[qb], &s_task[0]);
+  for (int j = threadIdx.x; j < qe - qb && j < QUEUE_CAP; j += NT) s_queue[j] = qt[qb + j];
   cp_async_wait<0>();
   __syncthreads();
   if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0]);
   // L2 prefetch from the last warp: thread 0 (warp 0) fences after its counter waits, and a
   // fence would wait for these bulk prefetches too.
-  if (warp == NWARPS - 1 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
+  if (AMK_PF && warp == NWARPS - 1 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
   bool aborted = false;
 #ifdef AMK_PROFILE
   unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm,
@@ -133,14 +136,15 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   for (int i = qb; i < qe; i++) {
     const int slot = (i - qb) & 1;
     const TaskDesc& T = s_task[slot];
-    const int next = i + 1 < qe ? qt[i + 1] : -1;
+    const int next = i + 1 >= qe ? -1 : i + 1 - qb < QUEUE_CAP ? s_queue[i + 1 - qb] : qt[i + 1];
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[AMK_PROF_W * i] = global_timer();
 #endif
     if (threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
-    if (AMK_PF_OWN) {                // AMK_L2_PREFETCH=2: this task's ranges, before its wait
-      if (warp == NWARPS - 1 && i > qb) prefetch_task(tasks + qt[i], A, lane);
-    } else if (warp == NWARPS - 1 && next >= 0) prefetch_task(tasks + next, A, lane);
+    if (AMK_PF && warp == NWARPS - 1) {   // the NEXT task's ranges, or (AMK_L2_PREFETCH=2) this one's
+      if (!AMK_PF_OWN && next >= 0) prefetch_task(tasks + next, A, lane);
+      else if (AMK_PF_OWN && i > qb) prefetch_task(tasks + qt[i], A, lane);
+    }
     cp_async_wait<0>();            // this task's stage 2 (issued when the previous one ended)
     __syncthreads();
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
