@@ -73,3 +73,28 @@ def test_a_combine_that_writes_only_shared_memory_zeroes_nothing(monkeypatch):
     for d, subs in combos:
         assert _ip(subs[0], "COMB", "TO_SMEM") == 1
         assert int(d["n_zero"]) == 0
+
+
+def test_the_lm_head_tiles_reduce_the_argmax_and_the_argmax_task_their_partials(monkeypatch):
+    prog, low = _lowered(monkeypatch, "1")
+    (am,) = [i for i, t in enumerate(prog.tasks) if t.op is K.SAMPLE_ARGMAX]
+    d = low.tasks[am]
+    assert low.variants[int(d["variant"])] == "op_argmax_parts(AMK_ARGS)"
+    n = _ip(d, "ARGMAX", "V")
+    heads = [s for d2, subs in _steps(prog, low, K.GEMV_TILE) for s in subs
+             if "1, 3, false" in low.variants[int(s["variant"])]]       # EPI 3
+    assert n == len(heads) == 132                                      # one partial a tile
+    assert sorted(_ip(s, "GEMV", "ARG_SLOT") for s in heads) == list(range(n))
+    # slots follow the columns; the tiles cover the vocabulary exactly
+    by_slot = sorted((_ip(s, "GEMV", "ARG_SLOT"), _ip(s, "GEMV", "N_OFF"), _ip(s, "GEMV", "N_TILE")) for s in heads)
+    assert [o for _, o, _ in by_slot] == [0] + [o + t for _, o, t in by_slot[:-1]]
+    assert by_slot[-1][1] + by_slot[-1][2] == LLAMA_3_2_1B.vocab
+
+
+def test_an_lm_head_that_is_no_direct_gemv_leaves_the_argmax_reading_the_logits(monkeypatch):
+    prog, _ = _lowered(monkeypatch, "1")
+    monkeypatch.setenv("AMK_GEMV_PIPE", "1")                   # the pipe GEMV has no EPI 3
+    low = lower_program(prog)
+    (am,) = [i for i, t in enumerate(prog.tasks) if t.op is K.SAMPLE_ARGMAX]
+    assert low.variants[int(low.tasks[am]["variant"])].startswith("op_argmax<")
+    assert not any(", 3, false" in v for v in low.variants)

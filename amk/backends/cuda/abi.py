@@ -75,8 +75,10 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # XS_READY: x is already in shared memory as fp32 (a fused norm put it there: TO_SMEM)
     # PIPE: op_gemv_pipe (NMAT weight matrices sharing x, NV 16-byte vectors a row, RB bytes
     # between rows)
+    # ARG_SLOT: op_gemv_direct EPI 3 writes its tile's argmax partial to slot ARG_SLOT of its
+    # second output (lower._argmax_folds)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY",
-             "PIPE", "NMAT", "NV", "RB"),
+             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (lower._rope_into_attention), inverse frequencies at P[4] when

@@ -220,6 +220,8 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // EPI 0: y_m = s (+ bias). 1 (ADD, lower._fold_add): out = round_TY(s) + residual (last input).
 // 2 (SILU, NMAT == 2, lower._pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
+// 3 (ARGMAX, NMAT == 1, lower._argmax_folds): as 0, and the tile's argmax over the values it
+// stored goes to slot ARG_SLOT of the second output as (value, index bits).
 // P: x, W_1..W_NMAT, [bias], [residual], then the outputs.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
@@ -245,6 +247,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   }
   __syncthreads();
   const TS* bias = (const TS*)P[1 + NMAT];
+  float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;   // EPI 3
   for (int r = threadIdx.x; r < (EPI == 2 ? n_tile : NMAT * n_tile); r += NT) {
     float s = 0.f;
     for (int k = 0; k < nseg; k++) s += part[r * nseg + k];
@@ -257,6 +260,14 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
       if (BIAS) s += to_f(bias[col]);
       if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + (res_early ? rv : to_f(res[col])));
       else ((TY*)P[d.n_in + mat])[col] = from_f<TY>(s);
+      if (EPI == 3 && am_better(to_f(from_f<TY>(s)), col, best, bi)) { best = to_f(from_f<TY>(s)); bi = col; }
+    }
+  }
+  if (EPI == 3) {
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) {
+      float* part = (float*)P[d.n_in + 1] + 2 * d.ip[P_GEMV_ARG_SLOT];
+      part[0] = best; part[1] = __int_as_float(bi);
     }
   }
 }

@@ -185,12 +185,46 @@ __device__ __forceinline__ bool am_better(float v, int i, float b, int bi) {
   return v > b || (v == b && i < bi);
 }
 
+// Every thread's (v, i) -> the block's best in thread 0 (am_better order).
+__device__ __forceinline__ void block_argmax(float& v, int& i) {
+  __shared__ float sv[NWARPS]; __shared__ int si[NWARPS];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o); const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (am_better(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+  __syncthreads();                                   // sv, si: their last readers are done
+  if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = v; si[threadIdx.x >> 5] = i; }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int k = 1; k < NWARPS; k++)
+      if (am_better(sv[k], si[k], v, i)) { v = sv[k]; i = si[k]; }
+}
+
+__device__ __forceinline__ void argmax_store(const TaskDesc& d, void* const* P, int r, int i) {
+  if (i == 0x7fffffff) i = 0;
+  if (d.ip[P_ARGMAX_OUT64]) ((long long*)P[d.n_in])[r] = i; else ((int*)P[d.n_in])[r] = i;
+}
+
+// The argmax of one row from the (value, index bits) partials its GEMV tiles wrote (ROWS = 1,
+// V = the number of partials; lower._argmax_folds).
+__device__ __noinline__ void op_argmax_parts(AMK_PARAMS) {
+  const int n = d.ip[P_ARGMAX_V];
+  const float* pv = (const float*)P[0];
+  float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
+  for (int k = threadIdx.x; k < n; k += NT) {
+    const float v = pv[2 * k]; const int i = __float_as_int(pv[2 * k + 1]);
+    if (am_better(v, i, best, bi)) { best = v; bi = i; }
+  }
+  block_argmax(best, bi);
+  if (threadIdx.x == 0) argmax_store(d, P, 0, bi);
+}
+
 template <class TX>
 __device__ __noinline__ void op_argmax(AMK_PARAMS) {
   constexpr int VN = VecN<TX>::N, U = 8;               // 8 x 16-byte loads in flight per thread
   const int R = d.ip[P_ARGMAX_ROWS], V = d.ip[P_ARGMAX_V];
   const TX* x = (const TX*)P[0];
-  __shared__ float sv[NWARPS]; __shared__ int si[NWARPS];
   for (int r = 0; r < R; r++) {
     const TX* xr = x + (long long)r * V;
     float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
@@ -220,21 +254,8 @@ __device__ __noinline__ void op_argmax(AMK_PARAMS) {
       const float v = to_f(xr[k]);
       if (am_better(v, k, best, bi)) { best = v; bi = k; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, best, o); int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (am_better(ov, oi, best, bi)) { best = ov; bi = oi; }
-    }
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float b = sv[0]; int i0 = si[0];
-      for (int k = 1; k < NWARPS; k++)
-        if (am_better(sv[k], si[k], b, i0)) { b = sv[k]; i0 = si[k]; }
-      if (i0 == 0x7fffffff) i0 = 0;
-      if (d.ip[P_ARGMAX_OUT64]) ((long long*)P[d.n_in])[r] = i0; else ((int*)P[d.n_in])[r] = i0;
-    }
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) argmax_store(d, P, r, bi);
   }
 }
 
