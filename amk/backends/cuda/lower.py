@@ -827,13 +827,13 @@ def _fold_add(steps):
 
 
 # ---------------------------------------------------------------------------------------------
-def _argmax_folds(program: Program) -> dict[int, tuple[int, list[int]]]:
+def _argmax_folds(program: Program) -> tuple[dict[int, tuple[int, list[int]]], int]:
     """Argmaxes of one row whose every column is written by one GEMV tile (plain, or the final
-    step of a FUSED task: the LM head): {argmax task: (scratch offset of its partials, the tile
-    tasks by column)}. Each tile reduces the logits it writes to a (value, index) partial in its
-    epilogue (op_gemv_direct EPI 3) and the argmax task reduces the partials (op_argmax_parts):
-    no single SM reads the whole row again (22 us for 128K bf16 logits, NOTES v10). Same order
-    (am_better) at both levels: the same token as op_argmax."""
+    step of a FUSED task: the LM head): ({argmax task: (scratch offset of its partials, the tile
+    tasks by column)}, scratch bytes of all partials). Each tile reduces the logits it writes
+    to a (value, index) partial in its epilogue (op_gemv_direct EPI 3) and the argmax task
+    reduces the partials (op_argmax_parts): no single SM reads the whole row again (22 us for
+    128K bf16 logits, NOTES v10). Same order (am_better) at both levels: op_argmax's token."""
     writers: dict[int, list[Task]] = {}
     for t in program.tasks:
         for b in t.outputs:
@@ -852,7 +852,7 @@ def _argmax_folds(program: Program) -> dict[int, tuple[int, list[int]]]:
             continue
         folds[t.id] = (off, [tid for _, tid in tiles])
         off += -(-8 * len(tiles) // SCRATCH_ALIGN) * SCRATCH_ALIGN
-    return folds
+    return folds, off
 
 
 def _gemv_cols(t: Task) -> tuple[int, int] | None:
@@ -868,16 +868,36 @@ def _gemv_cols(t: Task) -> tuple[int, int] | None:
     return (int(p["n_off"]), int(p["N_tile"])) if "n_off" in p and "N_tile" in p else None
 
 
-def _argmax_epilogue(steps, slot: int, parts: View):
-    """The step writing the logits as op_gemv_direct EPI 3 (partial argmax into slot `slot` of
-    `parts`), or None when it is no plain batch-1 direct GEMV (the argmax then reads the logits)."""
-    for i, (e, a, o) in enumerate(steps):
-        if e.direct is not None and e.direct["nmat"] == 1 and e.direct["epi"] == 0 and len(o) == 1:
-            tmpl = dict(e.direct, epi=3)
-            pe = Encoded(e.op, _direct_call(tmpl), dict(e.ip, ARG_SLOT=slot), dict(e.fp), e.group,
-                         e.prefetch, direct=tmpl)
-            return steps[:i] + [(pe, a, o + [parts])] + steps[i + 1:]
-    return None
+class _ArgmaxFolds:
+    """lower_program's side of _argmax_folds: tiles patched so far, and the steps to run."""
+
+    def __init__(self, program: Program):
+        self.folds, self.scratch_bytes = _argmax_folds(program)
+        self.slots = {tid: (slot, off, len(tiles), program.tasks[am].inputs[0])
+                      for am, (off, tiles) in self.folds.items() for slot, tid in enumerate(tiles)}
+        self.patched: set[int] = set()
+
+    def steps(self, t: Task, steps, outs: list[View]):
+        """A logits tile: its GEMV step with EPI 3 (when it is a plain batch-1 direct GEMV). The
+        argmax, once every tile writes a partial: op_argmax_parts over them (else op_argmax)."""
+        if t.id in self.slots:
+            slot, off, n, logits = self.slots[t.id]
+            parts = View((2 * n,), DType.F32, (REF_SCRATCH, off), None)
+            for i, (e, a, o) in enumerate(steps):
+                if (e.direct is not None and e.direct["nmat"] == 1 and e.direct["epi"] == 0
+                        and len(o) == 1 and o[0].ref == (REF_BUFFER, logits)):
+                    tmpl = dict(e.direct, epi=3)
+                    pe = Encoded(e.op, _direct_call(tmpl), dict(e.ip, ARG_SLOT=slot), dict(e.fp),
+                                 e.group, e.prefetch, direct=tmpl)
+                    self.patched.add(t.id)
+                    return steps[:i] + [(pe, a, o + [parts])] + steps[i + 1:]
+        if t.id in self.folds and all(w in self.patched for w in self.folds[t.id][1]):
+            off, tiles = self.folds[t.id]
+            parts = View((2 * len(tiles),), DType.F32, (REF_SCRATCH, off), None)
+            e = Encoded(int(t.op), "op_argmax_parts(AMK_ARGS)", group="ARGMAX")
+            e.ip = dict(ROWS=1, V=len(tiles), OUT64=_int_input(t, outs[0], "argmax output"))
+            return [(e, [parts], outs)]
+        return steps
 
 
 def _view(b: Buffer) -> View:
@@ -907,10 +927,8 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     waits: list[tuple[int, int, int]] = []
     refs: list[tuple[int, int]] = []
     ranges: list[tuple[tuple[int, int], int, int]] = []
-    folds = _argmax_folds(program)
-    slots = {tid: (slot, off, len(tiles)) for off, tiles in folds.values() for slot, tid in enumerate(tiles)}
-    patched: set[int] = set()             # tile tasks that write their argmax partial
-    scratch = sum(-(-8 * len(tiles) // SCRATCH_ALIGN) * SCRATCH_ALIGN for _, tiles in folds.values())
+    argmax = _ArgmaxFolds(program)
+    scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
 
     def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
         var = -1
@@ -937,18 +955,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         steps, zero, used = _lower_fused(t, ins, outs, scratch) if t.op == K.FUSED else ([], [], 0)
         if t.op != K.FUSED:
             steps = [(encode_op(t, t.op, ins, outs, t.params), ins, outs)]
-        if t.id in slots:                   # an LM-head tile: its argmax partial too
-            slot, off, n = slots[t.id]
-            st = _argmax_epilogue(steps, slot, View((2 * n,), DType.F32, (REF_SCRATCH, off), None))
-            if st is not None:
-                steps = st
-                patched.add(t.id)
-        if t.id in folds and all(w in patched for w in folds[t.id][1]):
-            off, tiles = folds[t.id]
-            parts = View((2 * len(tiles),), DType.F32, (REF_SCRATCH, off), None)
-            e = Encoded(int(t.op), "op_argmax_parts(AMK_ARGS)", group="ARGMAX")
-            e.ip = dict(ROWS=1, V=len(tiles), OUT64=_int_input(t, outs[0], "argmax output"))
-            steps = [(e, [parts], outs)]
+        steps = argmax.steps(t, steps, outs)
         one = (len(steps) == 1 and not zero       # folded into one instruction: a plain task
                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2]))
         if t.op == K.FUSED and not one:

@@ -210,11 +210,12 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
 }
 
 // HG: the q heads of one pass, a template constant (lower: the largest divisor of the heads a
-// kv group has up to 8), so the per-head sums are registers with no predicates (a pass with
-// nhs < HG heads leaves the rest of pt, alpha and acc stale: never written out). Phases: scores one (head, position) a
-// thread; softmax a warp a head, writing probabilities transposed (pt: [position][HGP], HGP =
-// HG rounded up to 4: float4 reads); P.V a thread per 2 dims and position group (a warp = a
-// row of 32 dim pairs for hd = 64), each position one 4-byte V read and HGP/4 16-byte reads.
+// kv group has, up to 8), so the per-head sums are registers with no predicates (a pass of
+// nhs < HG heads leaves the rest of pt, alpha and acc stale: never written out). Phases:
+// scores one (head, position) a thread; softmax a warp a head, writing probabilities
+// transposed (pt: [position][HGP], HGP = HG rounded up to 4: float4 reads); P.V a thread per 2
+// dims and position group (a warp = a row of 32 dim pairs for hd = 64), each position one
+// 4-byte V read and HGP/4 16-byte reads (NOTES v10: the old loop was an LDS latency chain).
 template <class TQ, class TK, class TV, class TO, class TF, int HG>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;

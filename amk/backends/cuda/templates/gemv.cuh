@@ -214,9 +214,9 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // for NMAT matrices sharing x (gate and up are one task). The tile is a list of items: two rows
 // (NMAT == 2: row r of each matrix; NMAT == 1: rows 2i, 2i+1) x one K segment of 32 lanes x GU
 // 16-byte vectors. Warp w takes items w, w + NWARPS, ...: all warps busy even when the tile has
-// few long rows (down: 16 rows of 8192). The scheduler prefetches the first round's rows into
-// L2 a task ahead (lower: the step's prefetch ranges). Each item's sums land in part[] (after x)
-// and every row adds its segments in a fixed order: steps are bit-identical.
+// few long rows (down: 16 rows of 8192). Under AMK_L2_PREFETCH=3 the scheduler prefetches the
+// first round's rows into L2 a task ahead (measured slower, NOTES v10). Each item's sums land
+// in part[] (after x) and every row adds its segments in a fixed order: steps are bit-identical.
 // EPI 0: y_m = s (+ bias). 1 (ADD, lower._fold_add): out = round_TY(s) + residual (last input).
 // 2 (SILU, NMAT == 2, lower._pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
