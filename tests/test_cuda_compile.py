@@ -55,6 +55,24 @@ def test_all_cases_compile_for_sm90a_and_hit_the_cache(cache):
     assert not list((cache / "cuda").glob(".tmp-*"))
 
 
+def test_l2_prefetch_is_compiled_out_unless_asked_for(monkeypatch):
+    monkeypatch.delenv("AMK_L2_PREFETCH", raising=False)
+    assert not lower_program(examples.combined_program()).tasks["n_pf"].any()
+    assert "#define AMK_PF 0" in render(examples.combined_program())
+    monkeypatch.setenv("AMK_L2_PREFETCH", "3")              # v9's first-round prefetch, opt-in
+    assert lower_program(examples.combined_program()).tasks["n_pf"].any()
+    assert "#define AMK_PF 1" in render(examples.combined_program())
+
+
+def test_lineinfo_is_a_separate_cubin_with_a_line_table(cache, monkeypatch):
+    src = render(examples.cases()[0].program)
+    plain = compile_source(src, "sm_90a")
+    monkeypatch.setenv("AMK_LINEINFO", "1")
+    lined = compile_source(src, "sm_90a")
+    assert lined.key != plain.key and not lined.cache_hit
+    assert b".nv_debug_line_sass" in lined.cubin and b".nv_debug_line_sass" not in plain.cubin
+
+
 def test_template_syntax_error_is_a_compile_error_with_numbered_source(cache, monkeypatch):
     broken = dict(codegen._templates())
     for f in ("gemv.cuh", "gemv_pipe.cuh"):            # every GEMV template (plain, ring, pipe)

@@ -3,22 +3,22 @@
 // chunks of this and later tasks into shared memory, see common.cuh), prefetches weights into
 // L2 when the tables hold prefetch ranges (AMK_PF; AMK_L2_PREFETCH: none by default; weights
 // never depend on activations; the last warp does it, and the barrier after the wait waits
-// for it: keep it to a few loads, NOTES v9) and issues a pipe
-// GEMV's first weight items (gemv_pipe.cuh), all before it waits
-// on the task's counters: thread 0 polls them with acquire loads and __nanosleep backoff (a
-// wait with no progress for watchdog_ns aborts every CTA and names the task). Then it runs the
-// task's device function and publishes completion with a release add after the CTA barrier.
-// Descriptors are double-buffered in shared memory: the NEXT task's TaskDesc is copied
-// (cp.async) before this task's wait, its pointers and FUSED step descriptors right after this
-// task ends, so a task starts the moment its counters are met. Counters are monotonic: wait i
-// needs counter >= threshold + epoch * stride, epoch = steps completed, advanced by the last
-// CTA out. Counter i lives at word i * AMK_CSTRIDE.
+// for it: keep it to a few loads, NOTES v9) and issues a pipe GEMV's first weight items
+// (gemv_pipe.cuh), all before it waits on the task's counters: thread 0 polls them with
+// acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
+// CTA and names the task). Then it runs the task's device function and publishes completion
+// with a release add after the CTA barrier. Descriptors are double-buffered in shared memory:
+// the NEXT task's TaskDesc is copied (cp.async) before this task's wait, its pointers and
+// FUSED step descriptors right after this task ends (three slots measured slower, NOTES v10);
+// the queue's task ids are in shared memory. Counters are monotonic: wait i needs counter >=
+// threshold + epoch * stride, epoch = steps completed, advanced by the last CTA out. Counter i
+// lives at word i * AMK_CSTRIDE.
 
 #define MAX_PTRS $max_ptrs
 #define SLOT_SUBS 8          // FUSED steps whose descriptors a slot holds
 #define SLOT_PTRS 128        // pointers (task + its steps) a slot holds; larger tasks load per step
 #define DESC_WORDS ((int)(sizeof(TaskDesc) / 4))
-#define QUEUE_CAP 512        // queue entries a CTA keeps in shared memory (longer queues read the rest from global)
+#define QUEUE_CAP 512        // queue entries a CTA keeps in shared memory (the rest: global)
 
 // Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0, the issuer or the
 // prefetching last warp). Every thread commits a group, empty or not.
