@@ -30,7 +30,8 @@ def functions_by_line(src: str) -> list[str]:
     names = [""]
     current, depth, pending = "", 0, ""
     for line in src.splitlines():
-        m = _FUNC.match(line.strip()) if depth == 0 else None
+        head = re.sub(r"__launch_bounds__\([^)]*\)", "", line.strip())   # not the function's name
+        m = _FUNC.match(head) if depth == 0 else None
         if m:
             pending = m.group(1)
         if depth == 0 and pending and "{" in line:
