@@ -9,7 +9,6 @@ AMK's cold and warm compile times. Prints a table; writes JSON.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -20,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_llama import torch_decode_step  # noqa: E402
@@ -170,7 +170,7 @@ def compile_times(cfg, params) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
     ap.add_argument("--backends", nargs="+", default=["cuda", "triton", "reference"])
     ap.add_argument("--iters", type=int, default=50)
@@ -179,8 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--json", default="bench/results.json")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/decode.py needs a CUDA GPU", file=sys.stderr)
+    if not have_gpu(__file__):
         return 2
     cfg = LLAMA_3_2_1B if a.layers is None else replace(LLAMA_3_2_1B, n_layers=a.layers)
     params = random_params(cfg, device="cuda", seed=0)

@@ -6,13 +6,13 @@ per SM in bench/profile_decode.py. Prints a table; writes JSON with --json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 SHAPES = {"gate+up": (16384, 2048), "down": (2048, 8192), "q / o": (2048, 2048),
           "lm_head": (128256, 2048)}
@@ -38,11 +38,10 @@ def gemv_us(n: int, k: int, calls: int = 20, reps: int = 10) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/gemv_reference.py needs a CUDA GPU", file=sys.stderr)
+    if not have_gpu(__file__):
         return 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []

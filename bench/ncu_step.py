@@ -11,25 +11,24 @@ bench/ncu_summary.py folds such a SASS table into time per device function and s
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 
 import torch  # noqa: E402
+from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 from bench.llama_step import cuda_step  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5, help="launches after 3 warm ones")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/ncu_step.py needs a CUDA GPU", file=sys.stderr)
+    if not have_gpu(__file__):
         return 2
     step, args, _ = cuda_step(a.context, a.layers)
     exe, bindings = step.executable(*args)

@@ -8,7 +8,6 @@ rest of the step (bench/NOTES.md v9).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 import amk  # noqa: E402
 from amk import ops  # noqa: E402
@@ -83,13 +83,12 @@ def by_queue_rank(rows, kind_of) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--json", default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--cases", nargs="*", default=None, help="only the cases whose name has one of these")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/probe_programs.py needs a CUDA GPU", file=sys.stderr)
+    if not have_gpu(__file__):
         return 2
     g = torch.Generator(device="cuda").manual_seed(0)
     rnd = lambda *s: (torch.randn(*s, device="cuda", generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731

@@ -11,7 +11,6 @@ start, wait end and end), runs a few warm steps, and prints from the last one:
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 os.environ["AMK_PROFILE"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 
-import torch  # noqa: E402
+from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 from amk import knobs  # noqa: E402
 from amk.passes.cost import task_cost  # noqa: E402
@@ -144,7 +143,7 @@ def print_summary(s: dict, mid_layer: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
@@ -152,8 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--raw", action="store_true",
                     help="also put every task's row (task, queue, wait start/end, end ns, SM) in the JSON")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/profile_decode.py needs a CUDA GPU", file=sys.stderr)
+    if not have_gpu(__file__):
         return 2
     step, args, cfg = cuda_step(a.context, a.layers)
     exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)

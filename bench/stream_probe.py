@@ -18,7 +18,6 @@ Each config streams rows of W [rows, 2048] bf16 (4 KiB a row): CTA b takes rows
 """
 from __future__ import annotations
 
-import argparse
 import json
 import struct
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 
 import torch  # noqa: E402
+from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 from amk.backends.cuda.compile import compile_source  # noqa: E402
 from amk.backends.cuda.driver import Kernel  # noqa: E402
@@ -219,11 +219,10 @@ def run(cfg: dict, W: torch.Tensor, reps: int = 7) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/stream_probe.py needs a CUDA GPU", file=sys.stderr)
+    if not have_gpu(__file__):
         return 2
     W = torch.randn(8 * 132 * 1024, K_COLS, device="cuda").to(torch.bfloat16)   # 2.2 GB
     out = []

@@ -250,7 +250,7 @@ def cases() -> list[Case]:
 
 def combine_o_add_case() -> Case:
     """split-KV combine -> o-projection tile -> residual add, one FUSED task (the cuda pass
-    options build these): the combine leaves x in shared memory, the pipe GEMV adds the
+    options build these): the combine leaves x in shared memory, the GEMV adds the
     residual itself (lower._fold_add)."""
     P, nh, hd, N = 3, 4, 32, 64
     H = nh * hd
