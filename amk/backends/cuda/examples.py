@@ -168,7 +168,7 @@ def cases() -> list[Case]:
                      [("q", BK.IO_INPUT, bf, (1, nh * hd)), ("k", BK.KV_CACHE, bf, (S, nkv, hd)),
                       ("v", BK.KV_CACHE, bf, (S, nkv, hd)), ("pos", BK.IO_INPUT, i32, (1,))],
                      [("y", BK.IO_OUTPUT, bf, (1, nh * hd))], {"head_dim": hd, "n_heads": nh, "n_kv_heads": nkv},
-                     {k: v for k, v in att_fill(1, 37).items() if True} | {"k": _rand((S, nkv, hd), tb), "v": _rand((S, nkv, hd), tb)}))
+                     att_fill(1, 37) | {"k": _rand((S, nkv, hd), tb), "v": _rand((S, nkv, hd), tb)}))
     C.append(_single("attention_partial_heads", K.ATTENTION_TILE,
                      [("q", BK.IO_INPUT, bf, (1, nh * hd)), ("k", BK.KV_CACHE, bf, (S, nkv, hd)),
                       ("v", BK.KV_CACHE, bf, (S, nkv, hd)), ("pos", BK.IO_INPUT, i32, (1,))],
