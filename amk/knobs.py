@@ -122,13 +122,16 @@ def gemv_pipe() -> tuple[int, int]:
 
 def l2_prefetch() -> int:
     """AMK_L2_PREFETCH: which weight ranges the CUDA scheduler prefetches into L2 before a
-    task's counter wait. 0 (default): none; 1: the NEXT task's whole weight tiles; 2: the task's
-    own whole tiles (the wait hides the HBM -> L2 copy); 3: the NEXT task's first GEMV round
-    (v9's default). Every one measured slower on an H200 (bench/NOTES.md v8, v10: 3 cost 0.09
-    ms a step and sped no GEMV up)."""
+    task's counter wait, or after it. 0 (default): none; 1: the NEXT task's whole weight tiles;
+    2: the task's own whole tiles (the wait hides the HBM -> L2 copy); 3: the NEXT task's first
+    GEMV round (v9's default). Every one measured slower on an H200 (bench/NOTES.md v8, v10: 3
+    cost 0.09 ms a step and sped no GEMV up). After the wait, from ranges staged in shared
+    memory with the descriptor (no global load; the HBM -> L2 copy overlaps the task's norm, x
+    staging or combine): 4: the first PF_CAP bytes of each of the task's own weight tiles;
+    5: the whole tiles (NOTES v11)."""
     n = _int("AMK_L2_PREFETCH", 0)
-    if n not in (0, 1, 2, 3):
-        raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0, 1, 2 or 3")
+    if n not in (0, 1, 2, 3, 4, 5):
+        raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0 to 5")
     return n
 
 

@@ -13,6 +13,9 @@ Each config streams rows of W [rows, 2048] bf16 (4 KiB a row): CTA b takes rows
   order   0 warps interleave rows (op_gemv), 1 each warp a contiguous block of rows
   bulk    S x K: no direct loads; one thread keeps S bulk copies of K KiB in flight into smem,
           all warps consume each chunk (the bulk-copy ring)
+  pf      percent of the CTA's rows (its first ones) brought into L2 by cp.async.bulk.prefetch
+          before the timed stream starts, pf_us microseconds earlier (does an L2-resident share
+          of a tile stream faster? NOTES v11)
 
     python bench/stream_probe.py [--json out.json]
 """
@@ -71,13 +74,25 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
 extern "C" __global__ void __launch_bounds__(NT, 1) probe(const __grid_constant__ Args a) {
   extern __shared__ __align__(16) float xs[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const unsigned long long t0 = gtimer();
-  for (int i = threadIdx.x; i < KC; i += NT) xs[i] = ((const float*)a.x)[i];
-  __syncthreads();
   const long long row_bytes = KC * 2;
   const int r0 = blockIdx.x * a.rpc;
   int r1 = r0 + a.rpc; if (r1 > a.n_rows) r1 = a.n_rows;
   const char* W = (const char*)a.W;
+#if PF > 0
+  {
+    const unsigned long long ts = gtimer();
+    const long long pf_bytes = (long long)(r1 - r0) * PF / 100 * row_bytes;
+    if (threadIdx.x == 0)
+      for (long long o = 0; o < pf_bytes; o += 65536)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(W + r0 * row_bytes + o),
+                     "r"((unsigned)(pf_bytes - o < 65536 ? pf_bytes - o : 65536)) : "memory");
+    while (gtimer() - ts < PF_US * 1000ull) { }
+    __syncthreads();
+  }
+#endif
+  const unsigned long long t0 = gtimer();
+  for (int i = threadIdx.x; i < KC; i += NT) xs[i] = ((const float*)a.x)[i];
+  __syncthreads();
   float* y = (float*)a.y;
   constexpr int NV = KC / 8;                       // 16-byte vectors a row
 #if BULK_S == 0
@@ -152,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) probe(const __grid_constant_
 }
 """
 
-BASE = dict(nt=512, g=132, u=8, rpw=2, hint=1, dot=1, order=0, bulk=(0, 0), rpc=128)
+BASE = dict(nt=512, g=132, u=8, rpw=2, hint=1, dot=1, order=0, bulk=(0, 0), rpc=128, pf=0, pf_us=20)
 CONFIGS = [
     dict(name="op_gemv shape (512 thr, 2x8, nc)"),
     dict(name="no dot", dot=0),
@@ -178,6 +193,12 @@ CONFIGS = [
     dict(name="528 CTAs 128 thr rpc 32", g=528, nt=128, rpc=32),
     dict(name="long: rpc 1024", rpc=1024),
     dict(name="long bulk 6x32K", rpc=1024, bulk=(6, 32768)),
+    dict(name="L2 prefetch 25%", pf=25),
+    dict(name="L2 prefetch 50%", pf=50),
+    dict(name="L2 prefetch 75%", pf=75),
+    dict(name="L2 prefetch 100%", pf=100),
+    dict(name="L2 prefetch 50%, 5 us ahead", pf=50, pf_us=5),
+    dict(name="L2 prefetch 100%, 16 CTAs", pf=100, g=16),
     dict(name="long 528x128 rpc 256", g=528, nt=128, rpc=256),
 ]
 
@@ -186,7 +207,7 @@ def build(cfg: dict) -> Kernel:
     s, kb = cfg["bulk"]
     defs = (f"#define NT {cfg['nt']}\n#define U {cfg['u']}\n#define RPW {cfg['rpw']}\n#define HINT {cfg['hint']}\n"
             f"#define DOT {cfg['dot']}\n#define ORDER {cfg['order']}\n#define BULK_S {s}\n#define BULK_K {kb or 1}\n"
-            f"#define KC {K_COLS}\n")
+            f"#define KC {K_COLS}\n#define PF {cfg['pf']}\n#define PF_US {cfg['pf_us']}\n")
     res = compile_source(defs + SRC, "sm_90a")
     smem = K_COLS * 4 + s * kb
     return Kernel(res.cubin, "probe", torch.cuda.current_device(), smem)
@@ -221,6 +242,7 @@ def run(cfg: dict, W: torch.Tensor, reps: int = 7) -> dict:
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None, help="run the configs whose name contains this text")
     a = ap.parse_args(argv)
     if not have_gpu(__file__):
         return 2
@@ -229,6 +251,8 @@ def main(argv=None) -> int:
     print(f"{'config':<34} {'MB':>6} {'span us':>8} {'cta us':>8} {'TB/s':>6} {'GB/s/SM':>8} {'regs':>5}")
     for c in CONFIGS:
         cfg = {**BASE, **c}
+        if a.only and a.only not in cfg["name"] and c is not CONFIGS[0]:
+            continue
         try:
             r = run(cfg, W)
         except Exception as e:   # a config that does not compile or launch: report, go on

@@ -1,6 +1,7 @@
 """Lowering folds of the CUDA backend on a real decode step (Llama-3.2-1B shape, one layer, on
-the meta device): the rope of q goes into the staged attention, the rope of k into the cache
-append, the combine's smem-only output is never zeroed. Numerics: tests/gpu (model tests)."""
+the meta device): the ropes of q and of the new k row go into the staged attention (NEW_KV,
+passes/defer_kv_append.py), the rope of k into the deferred cache append, the combine's
+smem-only output is never zeroed. Numerics: tests/gpu (model tests)."""
 from dataclasses import replace
 
 import pytest
@@ -38,23 +39,25 @@ def _ip(step, group, name):
     return int(step["ip"][abi.ip_index(group, name)])
 
 
-def test_q_rope_is_done_by_the_staged_attention(monkeypatch):
+def test_q_and_new_k_ropes_are_done_by_the_staged_attention(monkeypatch):
     prog, low = _lowered(monkeypatch, "1")
     att = _steps(prog, low, K.ATTENTION_TILE)
     assert len(att) == 64                                       # 8 kv heads x 8 shards
     for _, subs in att:
         assert [int(s["op"]) for s in subs] == [int(K.ATTENTION_TILE)]
         a = subs[0]
-        # q, k cache, v cache, pos and the model's inverse frequencies
-        assert (_ip(a, "ATTN", "Q_ROPE"), _ip(a, "ATTN", "ROPE_INV"), int(a["n_in"])) == (1, 1, 5)
+        # q, k cache, v cache, pos, new k row (unrotated), new v row, the inverse frequencies
+        assert (_ip(a, "ATTN", "Q_ROPE"), _ip(a, "ATTN", "K_ROPE"), _ip(a, "ATTN", "NEW_KV"),
+                _ip(a, "ATTN", "ROPE_INV"), int(a["n_in"])) == (1, 1, 1, 1, 7)
     assert not any(v.startswith("op_rope<") for v in low.variants)
 
 
-def test_the_v5_attention_keeps_its_rope_step(monkeypatch):
+def test_the_v5_attention_keeps_its_rope_steps(monkeypatch):
     prog, low = _lowered(monkeypatch, "0")
     for _, subs in _steps(prog, low, K.ATTENTION_TILE):
-        assert [int(s["op"]) for s in subs] == [int(K.ROPE), int(K.ATTENTION_TILE)]
-        assert _ip(subs[1], "ATTN", "Q_ROPE") == 0
+        assert sorted(int(s["op"]) for s in subs) == sorted([int(K.ROPE)] * 2 + [int(K.ATTENTION_TILE)])
+        a = [s for s in subs if int(s["op"]) == int(K.ATTENTION_TILE)][0]
+        assert (_ip(a, "ATTN", "Q_ROPE"), _ip(a, "ATTN", "K_ROPE"), _ip(a, "ATTN", "NEW_KV")) == (0, 0, 1)
 
 
 def test_k_rope_is_done_by_the_cache_append(monkeypatch):

@@ -7,7 +7,7 @@ from amk import knobs
 
 @pytest.mark.parametrize("name, bad", [
     ("AMK_GEMV_PIPE", "3x4"), ("AMK_GEMV_PIPE", "fast"), ("AMK_GEMV_RING", "4x64"),
-    ("AMK_GEMV_RING", "1x32"), ("AMK_L2_PREFETCH", "4"), ("AMK_SPIN_NS", "8"),
+    ("AMK_GEMV_RING", "1x32"), ("AMK_L2_PREFETCH", "6"), ("AMK_SPIN_NS", "8"),
     ("AMK_COUNTER_STRIDE", "3"), ("AMK_CTAS_PER_SM", "4")])
 def test_a_bad_knob_value_names_the_knob(monkeypatch, name, bad):
     monkeypatch.setenv(name, bad)

@@ -163,7 +163,8 @@ def test_cli_ir_dumps_every_stage_and_prints_stats(tmp_path, monkeypatch, capsys
     assert files[0] == "00_graph.txt" and "01_lower.txt" in files
     assert "embed" in (folder / "00_graph.txt").read_text()
     stage_lines = [l.split()[0] for l in out.splitlines() if "tasks=" in l]
-    assert stage_lines == ["lower", "tile", "split_kv", "fuse", "plan_memory", "allocate_counters", "place"]
+    assert stage_lines == ["lower", "tile", "defer_kv_append", "split_kv", "fuse", "plan_memory",
+                           "allocate_counters", "place"]
     assert "balance=" in out.splitlines()[-2]          # the placed program reports its balance
 
 

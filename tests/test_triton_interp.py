@@ -229,6 +229,15 @@ def test_attention_gqa_clamped_by_runtime_pos(n_kv):
     close(y.view(n_heads, hd), want, 1e-4)
 
 
+def test_new_kv_attention_is_refused_clearly():
+    """NEW_KV (defer_kv_append, a CUDA schedule) is not a triton kernel: a clear error."""
+    q, k, v = torch.randn(1, 32), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
+    pos, new = torch.tensor([3], dtype=torch.int32), torch.randn(1, 32)
+    params = {"head_dim": 16, "n_heads": 2, "n_kv_heads": 2, "flags": 4}
+    with pytest.raises(ValidationError, match="NEW_KV"):
+        run(K.ATTENTION_TILE, [q, k, v, pos, new, new], [(1, 32)], params)
+
+
 def test_a_long_window_is_split_over_programs_and_merged():
     """Past SPLIT_ROWS rows the kernel runs split-K (flash-decoding) into scratch partials and
     merges them; the last splits lie past pos and must get zero weight."""

@@ -65,6 +65,7 @@ class PassOptions:
     attn_splits: int | None = None    # split-KV shards P per head group; None = from target
     kv_shard_min: int = 128           # derived P never makes shards shorter than this
     combine_per_group: bool = True    # split_kv: one ATTENTION_COMBINE per kv group (else one)
+    defer_kv_append: bool = False     # the attention reads the new K/V row; the append runs after
     fuse: bool = True
     fuse_rules: tuple[tuple[str, str], ...] | None = None   # None = DEFAULT_FUSE_RULES
     plan_memory: bool = True
@@ -83,8 +84,10 @@ class PassOptions:
         """Defaults for a backend: a GPU target shaped like the device for cuda; whole-op,
         unfused tasks for triton (a FUSED recipe there is the same launches plus scratch); CPU
         otherwise."""
-        if backend == "cuda":      # the combine is recomputed by each o-projection tile: no hop
+        if backend == "cuda":      # the combine is recomputed by each o-projection tile: no hop;
+            # the attention waits for the k/v projections, not for the cache appends
             return PassOptions(target=gpu_target(device), combine_per_group=False,
+                               defer_kv_append=True,
                                fuse_rules=DEFAULT_FUSE_RULES + COMBINE_INTO_GEMV)
         if backend == "triton":
             return PassOptions(target=LAUNCH, fuse=False)

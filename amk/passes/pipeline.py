@@ -14,6 +14,7 @@ from amk import knobs
 from amk.errors import ValidationError
 from amk.graph import Graph
 from amk.passes.allocate_counters import allocate_counters
+from amk.passes.defer_kv_append import defer_kv_append
 from amk.passes.fuse import fuse
 from amk.passes.lower import lower
 from amk.passes.options import PassOptions
@@ -28,6 +29,7 @@ from amk.program.ir import Program
 PIPELINE: list[tuple[str, Callable]] = [
     ("lower", lower),
     ("tile", tile),
+    ("defer_kv_append", defer_kv_append),
     ("split_kv", split_kv),
     ("fuse", fuse),
     ("plan_memory", plan_memory),

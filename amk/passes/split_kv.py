@@ -17,8 +17,7 @@ from __future__ import annotations
 from amk.passes.options import PassOptions
 from amk.passes.sync import rethreshold, without_gc
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task, Wait
-
-PARTIAL_WRITE = 2
+from amk.program.regions import PARTIAL_WRITE
 
 
 def shard_count(max_seq: int, groups: int, opts: PassOptions) -> int:

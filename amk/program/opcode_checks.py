@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Task
-from amk.program.regions import PARTIAL_WRITE
+from amk.program.regions import NEW_KV, PARTIAL_WRITE
 
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 FLOATS = (DType.F32, DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2)
@@ -168,6 +168,15 @@ def _attention(c: _Ctx) -> None:
     if len(c.ins) > 3:
         c.dtype(c.ins[3], INTS, "pos")
         c.numel(c.ins[3], 1, "pos")
+    if flags & NEW_KV:
+        if len(c.ins) != 6:
+            c.bad(f"flags has NEW_KV ({NEW_KV}): inputs are q, k_cache, v_cache, pos, k_new, v_new; "
+                  f"got {len(c.ins)}")
+        for buf, role in zip(c.ins[4:6], ("k_new", "v_new")):
+            c.dtype(buf, FLOATS, role)
+            c.numel(buf, B * n_kv * hd, f"{role} (one row of {n_kv}*{hd} a sequence)")
+    elif len(c.ins) > 4:
+        c.bad(f"inputs past pos (k_new, v_new) need flags bit NEW_KV ({NEW_KV})")
     row = hd + 2 if flags & PARTIAL_WRITE else hd
     c.numel(out, B * n_heads * row, "output" + (" (partial [acc|m|l])" if row != hd else ""))
     _head_range(c, n_heads, n_heads // n_kv, ((q, hd), (out, row)))
@@ -284,7 +293,7 @@ OPCODES: dict[K, tuple[tuple[int, int], tuple[int, int], Callable[[_Ctx], None]]
     K.LAYERNORM: ((2, 3), (1, 1), _norm),
     K.GEMV_TILE: ((2, 4), (1, 1), _gemv),
     K.GEMM_TILE: ((2, 4), (1, 1), _gemv),
-    K.ATTENTION_TILE: ((3, 4), (1, 1), _attention),
+    K.ATTENTION_TILE: ((3, 6), (1, 1), _attention),
     K.ATTENTION_COMBINE: ((1, ANY), (1, 1), _combine),
     K.ROPE: ((2, 3), (1, 1), _rope),
     K.SILU_MUL: ((2, 2), (1, 1), _elementwise),

@@ -35,6 +35,7 @@ _TILED_INPUTS: dict[K, tuple[int, ...]] = {
 _GEMV = (K.GEMV_TILE, K.GEMM_TILE)        # read x and weights whole, write the tile's columns
 _ATTENTION = (K.ATTENTION_TILE, K.ATTENTION_COMBINE)
 PARTIAL_WRITE = 2                         # ATTENTION_TILE flags bit: out holds [acc | m | l] rows
+NEW_KV = 4                                # ATTENTION_TILE flags bit: row pos from inputs 4, 5
 
 def _whole(bid: int | None, width) -> list[Region]:
     if bid is None:
@@ -90,10 +91,16 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
         out_row = hd if flat_out or op is K.ATTENTION_COMBINE else hd + 2
         in_cols = _head_cols(params, in_row)
         out_cols = _head_cols(params, out_row)
+        rep = int(params.get("n_heads", 1)) // max(int(params.get("n_kv_heads", params.get("n_heads", 1))), 1)
+        kv_cols = None if in_cols is None or rep < 1 else (in_cols[0] // rep, in_cols[1] // rep)
         for i, b in enumerate(ins):
-            # ATTENTION_TILE: q per head; caches and pos whole. COMBINE: every partial per head.
+            # ATTENTION_TILE: q per head, NEW_KV's new k/v rows per kv head; caches and pos
+            # whole. COMBINE: every partial per head.
             per_head = in_cols is not None and (op is K.ATTENTION_COMBINE or i == 0)
-            reads += _cols(b, *in_cols, width) if per_head else _whole(b, width)
+            if op is K.ATTENTION_TILE and i >= 4 and kv_cols is not None:
+                reads += _cols(b, *kv_cols, width)
+            else:
+                reads += _cols(b, *in_cols, width) if per_head else _whole(b, width)
         for o in outs:
             writes += _cols(o, *out_cols, width) if out_cols else _whole(o, width)
     elif op in _TILED_INPUTS:

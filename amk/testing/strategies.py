@@ -206,8 +206,8 @@ def targets(draw):
 @st.composite
 def pass_options(draw, backend: str = "reference"):
     """Random `amk.passes.options.PassOptions` (None until that module exists): target shape and
-    SM count, tile width, split-KV shard count, fusion on/off and which rules, memory planning
-    and placement on/off. Shrinks towards the backend's defaults."""
+    SM count, tile width, split-KV shard count, deferred KV appends, fusion on/off and which
+    rules, memory planning and placement on/off. Shrinks towards the backend's defaults."""
     try:
         from amk.passes.options import DEFAULT_FUSE_RULES, PassOptions
     except ImportError:
@@ -225,6 +225,8 @@ def pass_options(draw, backend: str = "reference"):
     maybe("attn_splits", st.sampled_from([None, 1, 2, 3, 4, 8]))
     maybe("kv_shard_min", st.sampled_from([getattr(base, "kv_shard_min", 128), 1, 2, 3]))
     maybe("fuse", st.sampled_from([True, False]))
+    maybe("defer_kv_append", st.sampled_from([getattr(base, "defer_kv_append", False),
+                                              not getattr(base, "defer_kv_append", False)]))
     rules = list(DEFAULT_FUSE_RULES)
     maybe("fuse_rules", st.none() | st.lists(st.sampled_from(rules), unique=True).map(tuple))
     maybe("plan_memory", st.sampled_from([True, False]))

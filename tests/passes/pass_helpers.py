@@ -9,6 +9,7 @@ import torch
 from amk.graph import Aval
 from amk.models.llama import DecoderConfig, make_decode_step
 from amk.passes.allocate_counters import allocate_counters
+from amk.passes.defer_kv_append import defer_kv_append
 from amk.passes.fuse import fuse
 from amk.passes.lower import lower
 from amk.passes.options import PassOptions, Target
@@ -19,7 +20,7 @@ from amk.passes.tile import tile
 from amk.program.ir import BufferKind, DType, Program
 from amk.trace import trace
 
-PASSES = [("tile", tile), ("split_kv", split_kv), ("fuse", fuse), ("plan_memory", plan_memory),
+PASSES = [("tile", tile), ("defer_kv_append", defer_kv_append), ("split_kv", split_kv), ("fuse", fuse), ("plan_memory", plan_memory),
           ("allocate_counters", allocate_counters), ("place", place)]
 
 TINY = DecoderConfig(vocab=96, hidden=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,

@@ -86,7 +86,8 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n"
              f"#define AMK_SPIN_NS {knobs.spin_ns()}\n#define AMK_CSTRIDE {knobs.counter_stride()}\n"
              f"#define AMK_PF {int(any(t['n_pf'] for t in low.tasks))}\n"
-             f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n",
+             f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n"
+             f"#define AMK_PF_AFTER {int(knobs.l2_prefetch() in (4, 5))}\n",
              abi.render_header()]
     if knobs.profile():
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n")

@@ -242,10 +242,60 @@ def cases() -> list[Case]:
                      [("y", BK.IO_OUTPUT, f32, (1, 40 * 16))], {"head_dim": 16, "n_heads": 40},
                      {f"p{i}": _partial(40, 16, empty_head=i % 3 if i % 2 else None)
                       for i in range(20)}))
+    # NEW_KV (flags 4): row pos comes from k_new / v_new; staged (bf16) in the window, at its
+    # first row, past it; unstaged (f16 rows of 24 bytes, op_attention) in the window
+    for name, dt, tt, d, lo, ln, pos in (("attention_new_kv_bf16", bf, tb, hd, 16, 48, 40),
+                                         ("attention_new_kv_first_row", bf, tb, hd, 16, 48, 16),
+                                         ("attention_new_kv_past_window", bf, tb, hd, 0, 32, 50),
+                                         ("attention_new_kv_unstaged_f16", f16, th, 12, 0, S, 77)):
+        C.append(_single(name, K.ATTENTION_TILE,
+                         [("q", BK.IO_INPUT, dt, (1, nh * d)), ("k", BK.KV_CACHE, dt, (S, nkv, d)),
+                          ("v", BK.KV_CACHE, dt, (S, nkv, d)), ("pos", BK.IO_INPUT, i32, (1,)),
+                          ("k_new", BK.IO_INPUT, f32, (1, nkv * d)), ("v_new", BK.IO_INPUT, f32, (1, nkv * d))],
+                         [("y", BK.IO_OUTPUT, f32, (nh, d + 2))],
+                         {"head_dim": d, "n_heads": nh, "n_kv_heads": nkv, "kv_start": lo, "kv_len": ln,
+                          "flags": 2 | 4},
+                         {"q": _rand((1, nh * d), tt), "k": _rand((S, nkv, d), tt), "v": _rand((S, nkv, d), tt),
+                          "pos": _const([pos]), "k_new": _rand((1, nkv * d), tf, 3), "v_new": _rand((1, nkv * d), tf, 3)}))
     C.append(fused_case())
     C.append(gate_up_case())
     C.append(combine_o_add_case())
+    C.append(rope_new_kv_attention_case())
     return C
+
+
+def rope_new_kv_attention_case() -> Case:
+    """An attention shard as defer_kv_append + fuse leave it: the whole new k row's rope, its
+    kv group's q rope, then the NEW_KV attention reading both scratches (lower folds both ropes
+    into op_attention_smem: K_ROPE, Q_ROPE, one inv_freq input)."""
+    hd, nh, nkv, S = 64, 8, 2, 96
+    b = Builder("rope_new_kv_attention")
+    q = b.buf("q", BK.IO_INPUT, D.BF16, (1, nh * hd))
+    k = b.buf("k", BK.KV_CACHE, D.BF16, (S, nkv, hd))
+    v = b.buf("v", BK.KV_CACHE, D.BF16, (S, nkv, hd))
+    pos = b.buf("pos", BK.IO_INPUT, D.I32, (1,))
+    inv = b.buf("inv", BK.CONST, D.F32, (hd // 2,))
+    kn = b.buf("k_new", BK.IO_INPUT, D.BF16, (1, nkv * hd))
+    vn = b.buf("v_new", BK.IO_INPUT, D.BF16, (1, nkv * hd))
+    y = b.buf("y", BK.IO_OUTPUT, D.F32, (nh, hd + 2))
+    rope = {"head_dim": hd, "theta": 500000.0}
+    steps = [
+        {"op": int(K.ROPE), "args": [{"in": 5}, {"in": 3}, {"in": 4}], "out": 0, "params": rope,
+         "out_shape": [1, nkv * hd], "out_dtype": "bfloat16"},
+        {"op": int(K.ROPE), "args": [{"in": 0}, {"in": 3}, {"in": 4}], "out": 1,
+         "params": {**rope, "n_off": 4 * hd, "N_tile": 4 * hd}, "out_shape": [1, nh * hd],
+         "out_dtype": "bfloat16"},
+        {"op": int(K.ATTENTION_TILE), "args": [{"s": 1}, {"in": 1}, {"in": 2}, {"in": 3}, {"s": 0}, {"in": 6}],
+         "out": "final", "params": {"head_dim": hd, "n_heads": nh, "n_kv_heads": nkv, "kv_start": 32,
+                                    "kv_len": 64, "flags": 2 | 4, "h_off": 4, "h_count": 4}},
+    ]
+    b.task(K.FUSED, [q, k, v, pos, inv, kn, vn], [y], {"recipe": {"steps": steps}})
+    b.outputs = [y]
+    fill = {"q": _rand((1, nh * hd), torch.bfloat16), "k": _rand((S, nkv, hd), torch.bfloat16),
+            "v": _rand((S, nkv, hd), torch.bfloat16), "pos": _const([70]),
+            "inv": lambda g: torch.rand(hd // 2, generator=g) * 0.5,
+            "k_new": _rand((1, nkv * hd), torch.bfloat16, 2), "v_new": _rand((1, nkv * hd), torch.bfloat16, 2)}
+    return Case(b.name, b.program(), fill)
 
 
 def combine_o_add_case() -> Case:

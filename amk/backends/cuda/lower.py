@@ -18,6 +18,7 @@ import numpy as np
 from amk import knobs
 from amk.errors import CompileError
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
+from amk.program.regions import NEW_KV
 from amk.backends.cuda import abi
 
 # C++ type of each buffer dtype in the templates (bf16/f16 are freestanding bit structs).
@@ -174,9 +175,13 @@ def _enc_allreduce(t, op, ins, outs, p) -> Encoded:
     return e
 
 
+PF_CAP = 131072          # AMK_L2_PREFETCH=4: bytes of a tile's start prefetched after the wait
+
+
 def _weight_prefetch(x: View, off: int, nbytes: int, e: Encoded) -> None:
-    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0 and knobs.l2_prefetch() in (1, 2):
-        e.prefetch.append((x.ref, off, nbytes))
+    mode = knobs.l2_prefetch()
+    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0 and mode in (1, 2, 4, 5):
+        e.prefetch.append((x.ref, off, min(nbytes, PF_CAP) if mode == 4 else nbytes))
 
 
 def _enc_gemv(t, op, ins, outs, p) -> Encoded:
@@ -399,17 +404,26 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     lo = int(p.get("kv_start", 0))
     kv_len = int(p.get("kv_len", max_seq - lo))
     has_pos = len(ins) > 3
+    new_kv = bool(flags & NEW_KV)
+    tn = _ft(t, q.dtype)
+    if new_kv:
+        if len(ins) != 6 or not has_pos:
+            _fail(t, "NEW_KV attention takes q, k_cache, v_cache, pos, k_new, v_new")
+        if ins[4].dtype != ins[5].dtype or any(x.numel != B * nkv * hd for x in ins[4:6]):
+            _fail(t, f"k_new {ins[4].shape} / v_new {ins[5].shape} must be one dtype and "
+                     f"[{B}, {nkv}*{hd}]")
+        tn = _ft(t, ins[4].dtype)
     # K/V rows staged in smem by 16-byte cp.async where rows are whole 16-byte vectors
     staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
-    types = f"{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, {_ft(t, out.dtype)}"
+    types = f"{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, {_ft(t, out.dtype)}, {tn}"
     hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
     call = (f"op_attention_smem<{types}, float, {hg}>(AMK_ARGS)" if staged
-            else f"op_attention<{types}>(AMK_ARGS)")
+            else f"op_attention<{types}, float>(AMK_ARGS)")
     e = Encoded(int(op), call, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
                 H_COUNT=hc, B=B, MAX_SEQ=max_seq,
                 POS64=_int_input(t, ins[3], "attention pos") if has_pos else 0,
-                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize)
+                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv))
     e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)))
     return e
 
@@ -587,7 +601,7 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
     _norm_into_smem(steps)
     in_smem = {outs[0].ref for enc, _, outs in steps if enc.ip.get("TO_SMEM")}
     zero = [(o, n) for o, n in zero if (REF_SCRATCH, o) not in in_smem]   # never in global memory
-    steps = _rope_into_append(_rope_into_attention(steps))
+    steps = _rope_into_append(_rope_into_attention(_k_rope_into_attention(steps)))
     return _fold_add(_pair_gemvs(_pair_pipe_gemvs(steps))), zero, off - scratch_base
 
 
@@ -707,6 +721,28 @@ def _with_inv(call: str, inv) -> str:
                   lambda m: f", {_ft(None, inv[0].dtype)}{m.group(1) or ''}>(AMK_ARGS)", call)
 
 
+def _rope_joins(r, ra, a, aa) -> bool:
+    """A staged batch-1 attention with pos can take this one-position ROPE's rotation: same pos,
+    head_dim and row count, and (if it already rotates the new k row) the same frequencies."""
+    if not (a.call.startswith("op_attention_smem<") and a.ip["B"] == 1 and a.ip["HAS_POS"]
+            and len(aa) > 3 and ra[1].ref == aa[3].ref and r.ip["POS64"] == a.ip["POS64"]
+            and r.ip["ROWS"] == 1 and r.ip["HD"] == a.ip["HD"]):
+        return False
+    if a.ip.get("K_ROPE"):              # one set of frequencies for q and the new k row
+        inv = ra[2:3]
+        return (r.fp["THETA"] == a.fp["THETA"] and bool(inv) == bool(a.ip["ROPE_INV"])
+                and (not inv or inv[0].ref == aa[-1].ref))
+    return True
+
+
+def _rotated(a: Encoded, aa, r: Encoded, ra, flag: str):
+    """(the attention's Encoded with `flag` set, inverse frequencies it gains as an input)."""
+    inv = [] if a.ip.get("Q_ROPE") or a.ip.get("K_ROPE") else list(ra[2:3])
+    e = Encoded(a.op, _with_inv(a.call, inv), dict(a.ip, **{flag: 1}, ROPE_INV=int(bool(ra[2:3]))),
+                dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
+    return e, inv
+
+
 def _rope_into_attention(steps):
     """A ROPE of exactly one staged attention's q heads (batch 1, one position, the attention's
     own pos) into a scratch only that attention reads: the attention rotates q itself while it
@@ -714,18 +750,42 @@ def _rope_into_attention(steps):
     barrier."""
     def fold(window, later):
         (r, ra, ro), (a, aa, ao) = window
-        if not (_rope_fold(r, ra, ro, a, aa, later, int(K.ATTENTION_TILE))
-                and a.call.startswith("op_attention_smem<") and a.ip["B"] == 1 and a.ip["HAS_POS"]
-                and len(aa) > 3 and ra[1].ref == aa[3].ref and r.ip["POS64"] == a.ip["POS64"]
-                and r.ip["ROWS"] == 1 and r.ip["HD"] == a.ip["HD"] and r.ip["COLS"] == a.ip["NH"] * a.ip["HD"]
+        if not (_rope_fold(r, ra, ro, a, aa, later, int(K.ATTENTION_TILE)) and _rope_joins(r, ra, a, aa)
+                and r.ip["COLS"] == a.ip["NH"] * a.ip["HD"]
                 and (r.ip["C0"], r.ip["C1"]) == (a.ip["H_OFF"] * a.ip["HD"],
                                                  (a.ip["H_OFF"] + a.ip["H_COUNT"]) * a.ip["HD"])):
             return None
-        inv = ra[2:3]
-        e = Encoded(a.op, _with_inv(a.call, inv), dict(a.ip, Q_ROPE=1, ROPE_INV=int(bool(inv))),
-                    dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
-        return e, [ra[0]] + list(aa[1:4]) + list(inv), ao
+        e, inv = _rotated(a, aa, r, ra, "Q_ROPE")
+        return e, [ra[0]] + list(aa[1:]) + inv, ao
     return _fold_windows(steps, 2, fold)
+
+
+def _k_rope_into_attention(steps):
+    """The whole-tensor ROPE of a NEW_KV attention's new k row (one position, its pos) into a
+    scratch only that attention reads, as k_new: the attention rotates its kv head's row itself
+    (op_attention_smem's K_ROPE). The steps between may only write other scratch (the q rope)."""
+    out = list(steps)
+    for i, (r, ra, ro) in enumerate(steps):
+        if r.op != int(K.ROPE) or ro[0].ref[0] != REF_SCRATCH:
+            continue
+        readers = [j for j in range(i + 1, len(steps)) if any(v.ref == ro[0].ref for v in steps[j][1])]
+        if len(readers) != 1:
+            continue
+        j = readers[0]
+        a, aa, ao = steps[j]
+        between = [w.ref for _, _, wo in steps[i + 1:j] for w in wo]
+        if not (a.op == int(K.ATTENTION_TILE) and a.ip.get("NEW_KV") and len(aa) >= 6
+                and aa[4].ref == ro[0].ref and not any(v.ref == ro[0].ref for v in aa[:4] + aa[5:])
+                and all(w[0] == REF_SCRATCH and w not in [v.ref for v in ra] for w in between)
+                and _rope_joins(r, ra, a, aa) and r.ip["NPOS"] == 1
+                and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"])
+                and ra[0].numel == ro[0].numel == a.ip["NKV"] * a.ip["HD"]
+                and ra[0].dtype == ro[0].dtype == aa[5].dtype):
+            continue
+        e, inv = _rotated(a, aa, r, ra, "K_ROPE")
+        out[j] = (e, list(aa[:4]) + [ra[0]] + list(aa[5:]) + inv, ao)
+        out[i] = None
+    return [s for s in out if s is not None]
 
 
 def _rope_into_append(steps):

@@ -14,8 +14,7 @@ import torch
 
 from amk.errors import TraceError, ValidationError
 from amk.backends.reference.semantics_common import column_range, f32, host_int
-
-PARTIAL_WRITE = 2        # flags bit 1: write the flash partial [acc | m | l] instead of out
+from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE flags bits
 
 
 def _cache_view(c: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -46,7 +45,10 @@ def attention_tile(inputs, outputs, params, ctx):
 
     inputs = [q, k_cache, v_cache, pos?]. flags bit 1 (PARTIAL_WRITE): out is the split-KV flash
     partial ``[B?, n_heads, head_dim+2] = [acc | m | l]`` (un-normalised acc = sum exp(s-m) v);
-    an empty window writes acc=0, m=-inf, l=0. Only heads [h_off, h_off+h_count) are written."""
+    an empty window writes acc=0, m=-inf, l=0. Only heads [h_off, h_off+h_count) are written.
+    flags bit 2 (NEW_KV, ext): inputs = [q, k_cache, v_cache, pos, k_new, v_new] and cache row
+    pos is read as k_new / v_new (``[B?, n_kv*head_dim]``, cast to the caches' dtypes): the
+    step's KV_APPEND may then run after the attention (passes/defer_kv_append.py)."""
     hd = int(params["head_dim"])
     q_in = inputs[0]
     n_heads = int(params.get("n_heads", q_in.shape[-2] if q_in.dim() >= 2 and q_in.shape[-1] == hd
@@ -72,6 +74,12 @@ def attention_tile(inputs, outputs, params, ctx):
     qg = f32(q[:, h_off:h_off + hc]).reshape(B, g1 - g0, rep, hd)     # [B, G, rep, hd]
     kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
     vw = f32(v[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)
+    if int(params.get("flags", 0)) & NEW_KV:
+        p = host_int(inputs[3], ctx)
+        if lo <= p < hi:                                              # the new row is in the window
+            for w, new, cache in ((kw, inputs[4], k), (vw, inputs[5], v)):
+                row = new.reshape(B, n_kv, hd).to(cache.dtype)[:, g0:g1]
+                w[:, :, p - lo] = f32(row)
     scores = (qg @ kw.transpose(-1, -2)) * scale                      # [B, G, rep, L]
 
     out = outputs[0]

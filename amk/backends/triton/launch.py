@@ -18,13 +18,13 @@ import triton
 from amk.backends.reference.semantics_common import column_range as _column_range
 from amk.errors import ValidationError
 from amk.program.ir import DType, InstructionKind as K, Task
+from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE flags bits
 
 from amk.backends.triton import kernels_attention as ka
 from amk.backends.triton import kernels_elementwise as ke
 from amk.backends.triton import kernels_gemv as kg
 from amk.backends.triton import kernels_movement as km
 
-PARTIAL_WRITE = 2          # ATTENTION_TILE flags bit 1
 _I8, _I4 = int(DType.I8), int(DType.I4)
 
 
@@ -219,6 +219,10 @@ def _cache_dims(c: torch.Tensor, n_kv: int, hd: int) -> tuple[int, int]:
 
 
 def _attention_tile(inputs, outputs, params):
+    if int(params.get("flags", 0)) & NEW_KV:
+        raise ValidationError("attention: flags NEW_KV (the new row read from k_new/v_new) is a "
+                              "CUDA megakernel schedule; the triton backend runs the cache append "
+                              "first (PassOptions(defer_kv_append=False), its default)")
     hd = int(params["head_dim"])
     q = _dense(inputs[0], "q")
     n_heads = int(params.get("n_heads", q.shape[-2] if q.dim() >= 2 and q.shape[-1] == hd

@@ -2,6 +2,27 @@
 // on the device. One kv group at a time (its q heads share every K/V row: GQA), in chunks of NT
 // positions with an online softmax: scores (thread = position) -> chunk max/exp (warp = head)
 // -> P·V (thread = (dim, position group)). PARTIAL_WRITE emits the flash partial [acc | m | l].
+// NEW_KV: row pos is the step's new k/v row (P[4], P[5], as the cache would hold it), not the
+// cache's: the append runs after the attention (passes/defer_kv_append.py).
+
+// Element e (< hd) of kv head g's new k and v rows at position p, rounded as the cache stores
+// them; K_ROPE: the k row rotated first (op_rope's formula and rounding, lower._k_rope_into_attention).
+template <class TN, class TK, class TV, class TF>
+__device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, long long row, int e,
+                                          int hd, float p, float& kx, float& vx) {
+  const TN* kn = (const TN*)P[4] + row * hd;
+  float x = to_f(kn[e]);
+  if (d.ip[P_ATTN_K_ROPE]) {
+    const int half = hd / 2, fj = e < half ? e : e - half;
+    const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[d.n_in - 1])[fj])
+                                             : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
+    const float ang = p * inv, cs = cosf(ang), sn = sinf(ang);
+    x = e < half ? x * cs - to_f(kn[e + half]) * sn : x * cs + to_f(kn[e - half]) * sn;
+    x = to_f(from_f<TN>(x));
+  }
+  kx = to_f(from_f<TK>(x));
+  vx = to_f(from_f<TV>(to_f(((const TN*)P[5])[row * hd + e])));
+}
 
 __device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, long long& lo, long long& hi) {
   lo = d.ip[P_ATTN_KV_START];
@@ -55,7 +76,7 @@ __device__ __forceinline__ void attn_write(TO* out, const float* red, const floa
   }
 }
 
-template <class TQ, class TK, class TV, class TO>
+template <class TQ, class TK, class TV, class TO, class TN, class TF>
 __device__ __noinline__ void op_attention(AMK_PARAMS) {
   constexpr int HG = 8;                               // q heads per pass (registers per thread)
   const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
@@ -71,9 +92,12 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
   TO* out = (TO*)P[d.n_in];
   float* qs = (float*)smem;                          // [HG][hd]
   float* sc = qs + HG * hd;                          // [HG][NT] scores, then probabilities
-  float* red = sc + HG * NT;                         // [PG][HG][hd] partial P·V sums
-  __shared__ float m_run[HG], l_run[HG], alpha[HG];
   const int tid = threadIdx.x, PG = NT / hd, dd = tid % hd, pg = tid / hd;
+  float* red = sc + HG * NT;                         // [PG][HG][hd] partial P·V sums
+  float* kn = red + PG * HG * hd;                    // NEW_KV: the new k and v rows [2][hd]
+  const bool new_kv = d.ip[P_ATTN_NEW_KV] != 0;
+  const long long pos = new_kv ? read_int(P[3], d.ip[P_ATTN_POS64]) : -1;
+  __shared__ float m_run[HG], l_run[HG], alpha[HG];
   constexpr int KV = VecN<TK>::N;
   const bool kvec = (hd % KV) == 0;
 
@@ -84,6 +108,7 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
         const int hbase = g * rep + hs0;
         __syncthreads();
         for (int i = tid; i < nhs * hd; i += NT) qs[i] = to_f(q[((long long)b * nh + hbase) * hd + i]);
+        if (new_kv && tid < hd) attn_new_row<TN, TK, TV, TF>(d, P, (long long)b * nkv + g, tid, hd, (float)pos, kn[tid], kn[hd + tid]);
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
         float acc[HG];
 #pragma unroll
@@ -96,7 +121,12 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
             float s[HG];
 #pragma unroll
             for (int j = 0; j < HG; j++) s[j] = 0.f;
-            if (kvec) {
+            if (t0 + tid == pos) {                             // NEW_KV's row (pos < 0 otherwise)
+              for (int e = 0; e < hd; e++) {
+#pragma unroll
+                for (int j = 0; j < HG; j++) if (j < nhs) s[j] += qs[j * hd + e] * kn[e];
+              }
+            } else if (kvec) {
               for (int e0 = 0; e0 < hd; e0 += 4 * KV) {      // 4 row vectors in flight
                 uint4 kr[4];
 #pragma unroll
@@ -137,14 +167,14 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
             for (; i + 7 * PG < cn; i += 8 * PG) {          // 8 independent loads in flight
               float vv[8];
 #pragma unroll
-              for (int u = 0; u < 8; u++) vv[u] = to_f(vcol[(long long)(i + u * PG) * vstride]);
+              for (int u = 0; u < 8; u++) vv[u] = t0 + i + u * PG == pos ? kn[hd + dd] : to_f(vcol[(long long)(i + u * PG) * vstride]);
 #pragma unroll
               for (int u = 0; u < 8; u++)
 #pragma unroll
                 for (int j = 0; j < HG; j++) if (j < nhs) acc[j] += sc[j * NT + i + u * PG] * vv[u];
             }
             for (; i < cn; i += PG) {
-              const float v = to_f(vcol[(long long)i * vstride]);
+              const float v = t0 + i == pos ? kn[hd + dd] : to_f(vcol[(long long)i * vstride]);
 #pragma unroll
               for (int j = 0; j < HG; j++) if (j < nhs) acc[j] += sc[j * NT + i] * v;
             }
@@ -168,7 +198,8 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
 // phase (NOTES v9). K and V are separate groups: the scores start when K has landed. Rows are
 // padded by 16 bytes (conflict-free 16-byte row reads). Q_ROPE: q is rotated while it is staged
 // (the FUSED ROPE step before, folded in by lower._rope_into_attention: op_rope's formula and
-// rounding). Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
+// rounding). NEW_KV: the staged row pos (stale) is overwritten with the new row, read into
+// registers with q, once its group has landed. Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
 template <class T>
 __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
                                                 int cn, int hd) {
@@ -180,21 +211,31 @@ __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base
   cp_async_commit();
 }
 
-// qs[0:n) = heads of q (fp32), rotated at position p when the descriptor says Q_ROPE.
-template <class TQ, class TF>
+// qs[0:n) = heads of q (fp32), rotated at position p when the descriptor says Q_ROPE; and when
+// kn (NEW_KV's new k row of the kv head, and vn its v row), nrow[0:2 hd) = those rows as the
+// cache stores them, k rotated first when K_ROPE. One loop: one inlined sin/cos (a second copy
+// raised the register pressure of every device function, NOTES v11).
+template <class TQ, class TK, class TV, class TN, class TF>
 __device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, float* qs, const TQ* q,
-                                             int n, int hd, float p) {
-  const int half = hd / 2;
-  const bool rope = d.ip[P_ATTN_Q_ROPE] != 0;
-  for (int i = threadIdx.x; i < n; i += NT) {
-    const float x = to_f(q[i]);
-    if (!rope) { qs[i] = x; continue; }
-    const int j = i % hd, fj = j < half ? j : j - half;
-    const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[4])[fj])
-                                             : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
-    const float ang = p * inv, cs = cosf(ang), sn = sinf(ang);
-    const float o = j < half ? x * cs - to_f(q[i + half]) * sn : x * cs + to_f(q[i - half]) * sn;
-    qs[i] = to_f(from_f<TQ>(o));
+                                             int n, int hd, float p, const TN* kn, const TN* vn, float* nrow) {
+  const int half = hd / 2, nk = kn ? hd : 0;
+  for (int i = threadIdx.x; i < n + nk; i += NT) {
+    const bool isk = i >= n;
+    const int ii = isk ? i - n : i, j = ii % hd;
+    const float x = isk ? to_f(kn[ii]) : to_f(q[ii]);
+    float r = x;
+    if (d.ip[isk ? P_ATTN_K_ROPE : P_ATTN_Q_ROPE]) {
+      const int fj = j < half ? j : j - half, pi = j < half ? ii + half : ii - half;
+      const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[d.n_in - 1])[fj])
+                                               : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
+      const float ang = p * inv, cs = cosf(ang), sn = sinf(ang);
+      const float xp = isk ? to_f(kn[pi]) : to_f(q[pi]);
+      const float o = j < half ? x * cs - xp * sn : x * cs + xp * sn;
+      r = isk ? to_f(from_f<TN>(o)) : to_f(from_f<TQ>(o));
+    }
+    if (!isk) { qs[ii] = r; continue; }
+    nrow[ii] = to_f(from_f<TK>(r));
+    nrow[hd + ii] = to_f(from_f<TV>(to_f(vn[ii])));
   }
 }
 
@@ -216,7 +257,7 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
 // transposed (pt: [position][HGP], HGP = HG rounded up to 4: float4 reads); P.V a thread per 2
 // dims and position group (a warp = a row of 32 dim pairs for hd = 64), each position one
 // 4-byte V read and HGP/4 16-byte reads (NOTES v10: the old loop was an LDS latency chain).
-template <class TQ, class TK, class TV, class TO, class TF, int HG>
+template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;
   const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
@@ -233,11 +274,12 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const int krs = hd * (int)sizeof(TK) + 16, vrs = hd * (int)sizeof(TV) + 16;   // padded rows
   const int tid = threadIdx.x, hd2 = hd / 2, PG = NT / hd2, d2 = tid % hd2, pg = tid / hd2;
   float* qs = (float*)smem;                                  // [HG][hd]
+  float* nrow = qs + HG * hd;                                // NEW_KV: the new k, v rows [2][hd]
   const int red_f = PG * HG * hd;                            // [PG][HG][hd] partial P.V sums
-  int CR = (AMK_RING_OFF + AMK_FREE_RING - HG * hd * 4) / ((HG + HGP) * 4 + krs + vrs);   // + the ring area when free
+  int CR = (AMK_RING_OFF + AMK_FREE_RING - (HG + 2) * hd * 4) / ((HG + HGP) * 4 + krs + vrs);   // + the ring area when free
   if (CR > NT) CR = NT;
   CR &= ~3;
-  float* sc = qs + HG * hd;                                  // [HG][CR] scores
+  float* sc = nrow + 2 * hd;                                 // [HG][CR] scores
   float* pt = sc + HG * CR;                                  // [CR][HGP] probabilities
   char* ks = (char*)(pt + HGP * CR);                         // [CR][krs]
   char* vs = ks + CR * krs;                                  // [CR][vrs]
@@ -261,7 +303,12 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         if (d.ip[P_ATTN_HAS_POS]) { pos = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > pos + 1) hi = pos + 1; }
         if (hi < lo) hi = lo;
         const int n = (int)(hi - lo);
-        attn_stage_q<TQ, TF>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos);
+        // NEW_KV: the window holds pos (hi = pos + 1): the new rows, to smem (registers spill)
+        const int new_r = d.ip[P_ATTN_NEW_KV] && n > 0 && hi == pos + 1 ? n - 1 : -1;   // its row - lo
+        const long long nro = ((long long)b * nkv + g) * hd;
+        attn_stage_q<TQ, TK, TV, TN, TF>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos,
+                                         new_r >= 0 ? (const TN*)P[4] + nro : nullptr,
+                                         new_r >= 0 ? (const TN*)P[5] + nro : nullptr, nrow);
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
         float acc[HG][2];
 #pragma unroll
@@ -274,6 +321,11 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           }
           cp_async_wait<1>();                                // K (V may still be in flight)
           __syncthreads();
+          const int nr = new_r - (int)(t0 - lo);             // >= 0 in the last chunk only
+          if (nr >= 0) {
+            if (tid < hd) ((TK*)(ks + nr * krs))[tid] = from_f<TK>(nrow[tid]);   // its own write
+            __syncthreads();
+          }
           // scores: one (head, position) a thread, every thread busy (one position a thread
           // with all heads was latency-bound on cn threads); each 16-byte K vector's dot is its
           // own short chain, added to the score: independent chains (NOTES v9)
@@ -301,6 +353,10 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1);
           cp_async_wait<0>();                                // V
           __syncthreads();
+          if (nr >= 0) {
+            if (tid < hd) ((TV*)(vs + nr * vrs))[tid] = from_f<TV>(nrow[hd + tid]);
+            __syncthreads();
+          }
           if (pg < PG) {
 #pragma unroll
             for (int j = 0; j < HG; j++) { acc[j][0] *= alpha[j]; acc[j][1] *= alpha[j]; }   // j >= nhs: unused

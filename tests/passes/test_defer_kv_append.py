@@ -1,0 +1,110 @@
+"""defer_kv_append: the attention reads the step's new K/V rows (NEW_KV) and the cache appends
+run after it. Same results bit for bit (reference VM, every order), the attention no longer
+depends on the appends, and the pass leaves alone what it cannot prove safe."""
+import pytest
+import torch
+
+from pass_helpers import OPTS, bindings, llama_program, run, run_passes
+
+from amk.backends.cuda import examples
+from amk.backends.reference.semantics_attention import attention_tile
+from amk.passes.defer_kv_append import defer_kv_append
+from amk.program.deps import dependencies
+from amk.program.ir import BufferKind as BK, DType, InstructionKind as K
+from amk.program.regions import NEW_KV
+from amk.program.validate import validate
+
+DEFER = OPTS.with_(defer_kv_append=True)
+
+
+@pytest.fixture(scope="module")
+def both():
+    prog = llama_program()
+    return run_passes(prog, OPTS), run_passes(prog, DEFER)
+
+
+def test_the_attention_reads_the_new_rows_and_the_appends_follow_it(both):
+    _, deferred = both
+    p = deferred["defer_kv_append"]
+    assert validate(p).ok
+    ops = [t.op for t in p.tasks]
+    attn = [i for i, op in enumerate(ops) if op is K.ATTENTION_TILE]
+    appends = [i for i, op in enumerate(ops) if op is K.KV_APPEND]
+    assert len(attn) == 2 and len(appends) == 4                  # two layers, k and v each
+    for layer, a in enumerate(attn):
+        t = p.tasks[a]
+        assert int(t.params["flags"]) & NEW_KV and len(t.inputs) == 6
+        mine = appends[2 * layer:2 * layer + 2]
+        assert all(a < i for i in mine)
+        assert {p.tasks[i].inputs[0] for i in mine} == set(t.inputs[4:6])
+        deps = dependencies(p)
+        assert not set(mine) & set(deps[a])                      # no longer waits for them
+        assert all(a in deps[i] for i in mine)                   # they wait for it (WAR)
+
+
+@pytest.mark.parametrize("pos", [0, 5, 7, 15])
+def test_every_deferred_stage_computes_what_the_plain_one_does(both, pos):
+    plain, deferred = both
+    b = bindings(plain["lower"], pos=pos)
+    for name in ("defer_kv_append", "split_kv", "fuse", "place"):
+        want = run(plain[name], b)
+        assert validate(deferred[name]).ok, name
+        for order, seed in (("program", 0), ("random", 1), ("random", 2)):
+            got = run(deferred[name], b, order=order, seed=seed)
+            for g, w in zip(got, want):                          # outputs and both caches
+                assert torch.equal(g, w), (name, order)
+
+
+def test_new_kv_attention_equals_append_then_attend():
+    case = next(c for c in examples.cases() if c.name == "attention_new_kv_bf16")
+    t = case.program.tasks[0]
+    x = case.bindings()
+    params = dict(t.params)
+    pos = int(x["pos"])
+    out_new = torch.empty(8, 66)
+    attention_tile([x["q"], x["k"], x["v"], x["pos"], x["k_new"], x["v_new"]], [out_new], params, None)
+    k, v = x["k"].clone(), x["v"].clone()
+    k[pos], v[pos] = x["k_new"].view(2, 64).to(k.dtype), x["v_new"].view(2, 64).to(v.dtype)
+    out_old = torch.empty(8, 66)
+    attention_tile([x["q"], k, v, x["pos"]], [out_old], {**params, "flags": 2}, None)
+    assert torch.equal(out_new, out_old)
+    stale = torch.empty(8, 66)                                   # the new row does matter
+    attention_tile([x["q"], x["k"], x["v"], x["pos"]], [stale], {**params, "flags": 2}, None)
+    assert not torch.equal(stale, out_old)
+
+
+def _appends_then_attention(reader_between: bool, seed_pos: bool = False):
+    b = examples.Builder("appends")
+    hd, nh, nkv, S = 8, 4, 2, 16
+    q = b.buf("q", BK.IO_INPUT, DType.F32, (1, nh * hd))
+    kn = b.buf("k_new", BK.IO_INPUT, DType.F32, (1, nkv * hd))
+    vn = b.buf("v_new", BK.IO_INPUT, DType.F32, (1, nkv * hd))
+    pos = b.buf("pos", BK.IO_INPUT, DType.I32, (1,))
+    kc = b.buf("k", BK.KV_CACHE, DType.F32, (S, nkv, hd))
+    vc = b.buf("v", BK.KV_CACHE, DType.F32, (S, nkv, hd))
+    y = b.buf("y", BK.IO_OUTPUT, DType.F32, (1, nh * hd))
+    extra = {"pos": 3} if seed_pos else {}
+    ck = b.task(K.KV_APPEND, [kn, pos], [kc], extra)       # params pos: the seed's static one
+    cv = b.task(K.KV_APPEND, [vn, pos], [vc], extra)
+    waits = [(ck, 1), (cv, 1)]
+    if reader_between:
+        snap = b.buf("snap", BK.IO_OUTPUT, DType.F32, (S, nkv, hd))
+        waits.append((b.task(K.COPY, [kc], [snap], {}, waits=[(ck, 1)]), 1))
+    b.task(K.ATTENTION_TILE, [q, kc, vc, pos], [y], {"head_dim": hd, "n_heads": nh, "n_kv_heads": nkv},
+           waits=waits)
+    b.outputs = [y]
+    return b.program()
+
+
+@pytest.mark.parametrize("reader_between, seed_pos", [(True, False), (False, True)])
+def test_a_cache_read_in_between_or_a_static_pos_leaves_the_program_alone(reader_between, seed_pos):
+    prog = _appends_then_attention(reader_between, seed_pos)
+    assert validate(prog).ok
+    assert defer_kv_append(prog, DEFER) is prog
+
+
+def test_the_plain_case_is_deferred():
+    prog = _appends_then_attention(False)
+    out = defer_kv_append(prog, DEFER)
+    assert [t.op for t in out.tasks] == [K.ATTENTION_TILE, K.KV_APPEND, K.KV_APPEND]
+    assert validate(out).ok
