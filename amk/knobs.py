@@ -122,16 +122,25 @@ def gemv_pipe() -> tuple[int, int]:
 
 def l2_prefetch() -> int:
     """AMK_L2_PREFETCH: which weight ranges the CUDA scheduler prefetches into L2 before a
-    task's counter wait, or after it. 0 (default): none; 1: the NEXT task's whole weight tiles;
-    2: the task's own whole tiles (the wait hides the HBM -> L2 copy); 3: the NEXT task's first
-    GEMV round (v9's default). Every one measured slower on an H200 (bench/NOTES.md v8, v10: 3
-    cost 0.09 ms a step and sped no GEMV up). After the wait, from ranges staged in shared
-    memory with the descriptor (no global load; the HBM -> L2 copy overlaps the task's norm, x
-    staging or combine): 4: the first PF_CAP bytes of each of the task's own weight tiles;
-    5: the whole tiles (NOTES v11)."""
+    task's counter wait. 0 (default): none; 1: the NEXT task's whole weight tiles; 2: the task's
+    own whole tiles (the wait hides the HBM -> L2 copy); 3: the NEXT task's first GEMV round
+    (v9's default). Every one measured slower on an H200 (bench/NOTES.md v8, v10: 3 cost 0.09
+    ms a step and sped no GEMV up)."""
     n = _int("AMK_L2_PREFETCH", 0)
-    if n not in (0, 1, 2, 3, 4, 5):
-        raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0 to 5")
+    if n not in (0, 1, 2, 3):
+        raise ValueError(f"AMK_L2_PREFETCH={n}: expected 0, 1, 2 or 3")
+    return n
+
+
+def preload_bytes() -> int:
+    """AMK_PRELOAD: bytes of a float batch-1 GEMV's first weight rows the CUDA scheduler copies
+    into shared memory (one bulk copy a matrix, issued by thread 0 right after the task's counter
+    wait), so they stream in while the task's norm, combine or x staging runs, before any of
+    its own loads (NOTES v11). 0 = off; at most 65536 (the area at the top of shared memory);
+    default 65536. Only with the ring area free (no AMK_GEMV_RING / AMK_GEMV_PIPE, one CTA an SM)."""
+    n = _int("AMK_PRELOAD", 65536)
+    if not 0 <= n <= 65536 or n % 16:
+        raise ValueError(f"AMK_PRELOAD={n}: expected a multiple of 16 in 0..65536")
     return n
 
 
@@ -163,4 +172,4 @@ def lineinfo() -> bool:
 def backend_knobs() -> tuple:
     """Every knob that changes the CUDA lowering, source or runtime (part of the cache keys)."""
     return (gemv_ring_shape(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch(),
-            spin_ns(), counter_stride())
+            spin_ns(), counter_stride(), preload_bytes())

@@ -64,25 +64,6 @@ def test_l2_prefetch_is_compiled_out_unless_asked_for(monkeypatch):
     assert "#define AMK_PF 1" in render(examples.combined_program())
 
 
-@pytest.mark.parametrize("mode", [4, 5])
-def test_l2_prefetch_after_the_wait_takes_each_tasks_own_tiles(monkeypatch, mode):
-    """Modes 4 and 5 prefetch a task's own tiles after its wait, from ranges staged in shared
-    memory: 4 caps each range at PF_CAP bytes, 5 takes whole tiles (the same ranges as 2)."""
-    from amk.backends.cuda import lower
-    monkeypatch.setattr(lower, "PF_CAP", 256)               # the example's tiles are small
-    prog = examples.combined_program()
-    monkeypatch.setenv("AMK_L2_PREFETCH", "2")
-    whole = lower_program(prog)
-    monkeypatch.setenv("AMK_L2_PREFETCH", str(mode))
-    low = lower_program(prog)
-    assert list(low.tasks["n_pf"]) == list(whole.tasks["n_pf"]) and low.tasks["n_pf"].any()
-    want = [(ref, off, min(n, 256) if mode == 4 else n) for ref, off, n in whole.ranges]
-    assert low.ranges == want and (mode == 5 or want != whole.ranges)
-    src = render(prog)
-    assert "#define AMK_PF_AFTER 1" in src and "#define AMK_PF 1" in src
-    assert compile_source(src, "sm_90a").cubin[:4] == b"\x7fELF"
-
-
 def test_lineinfo_is_a_separate_cubin_with_a_line_table(cache, monkeypatch):
     src = render(examples.cases()[0].program)
     plain = compile_source(src, "sm_90a")

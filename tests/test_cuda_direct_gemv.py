@@ -68,3 +68,48 @@ def test_the_direct_gemv_compiles_without_spills(tmp_path, monkeypatch):
     assert blocks
     for name, line in blocks:
         assert "0 bytes spill stores" in line, (name, line)
+
+
+def _one_layer_1b():
+    from dataclasses import replace
+    from amk.models.presets import LLAMA_3_2_1B, random_model
+    prog = random_model(replace(LLAMA_3_2_1B, max_seq=160, n_layers=1), device="meta") \
+        .lower(backend="cuda").program
+    return prog, lower_program(prog)
+
+
+def test_each_direct_gemv_task_preloads_its_first_rows_after_the_wait(monkeypatch):
+    """lower._preload: the first rows of each matrix that AMK_PRELOAD (64 KiB) holds, whole row
+    pairs for one matrix, right after the task's prefetch ranges; the GEMV step knows how many."""
+    monkeypatch.delenv("AMK_PRELOAD", raising=False)
+    prog, low = _one_layer_1b()
+    rows, pre_ip = {}, abi.ip_index("GEMV", "PRE")
+    for t in prog.tasks:
+        d = low.tasks[t.id]
+        n = int(d["n_pre"])
+        if not n:
+            continue
+        lo = int(d["pf_begin"]) + int(d["n_pf"])
+        got = low.ranges[lo:lo + n]
+        steps = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]] if int(d["op"]) == int(K.FUSED) else [d]
+        (g,) = [s for s in steps if int(s["ip"][pre_ip])]
+        pr, n_off = int(g["ip"][pre_ip]), int(g["ip"][abi.ip_index("GEMV", "N_OFF")])
+        rb = int(g["ip"][abi.ip_index("GEMV", "LDW")]) * 2
+        assert [(off, nb) for _, off, nb in got] == [(n_off * rb, pr * rb)] * n
+        assert sum(nb for _, _, nb in got) <= 65536
+        rows.setdefault(t.name.split(" @")[0], set()).add((n, pr))
+    # q/k/v: 16 of 24 rows (4 KiB each; the last q tile has 8); o: all 16; gate and up: 8 rows
+    # each; down: 4 rows of 16 KiB; the LM head: 16 of its rows
+    assert rows["linear(params.layers.0.wq)"] == {(1, 16), (1, 8)}
+    assert rows["add"] == {(1, 16), (1, 4)}
+    assert rows["silu_mul"] == {(2, 8)}
+    assert rows["linear(params.lm_head)"] == {(1, 16)}
+    assert "#define AMK_PRE 1" in render(prog)
+
+
+@pytest.mark.parametrize("knob, value", [("AMK_PRELOAD", "0"), ("AMK_GEMV_PIPE", "1")])
+def test_no_preload_when_turned_off_or_the_ring_area_is_taken(monkeypatch, knob, value):
+    monkeypatch.setenv(knob, value)
+    prog, low = _one_layer_1b()
+    assert not low.tasks["n_pre"].any()
+    assert "#define AMK_PRE 0" in render(prog)
