@@ -78,8 +78,7 @@ class Lowered:
     n_program_tasks: int
     waits: np.ndarray                    # WAIT_DTYPE
     ptr_refs: np.ndarray                 # int64 [n, 2]: (kind, buffer id | scratch offset)
-    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): prefetch,
-                                                     # preload, zero
+    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): prefetch + zero
     scratch_bytes: int
     queues: list[list[int]]              # per-CTA task ids (program order within a queue)
     stream: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # range indices
@@ -290,32 +289,6 @@ def _first_round_prefetch(w: View, n_off: int, n_tile: int, row_bytes: int, nv: 
     warps = launch_shape(knobs.ctas_per_sm())[0] // 32
     rows = min(n_tile, 2 * -(-warps // -(-nv // 256)))
     e.prefetch.append((w.ref, n_off * row_bytes, rows * row_bytes))
-
-
-def _preload(steps) -> list[tuple[tuple[int, int], int, int]]:
-    """The weight ranges the scheduler copies into shared memory right after the task's wait:
-    the first PRE rows of each matrix of the task's first op_gemv_direct step (as many as
-    AMK_PRELOAD bytes hold; whole row pairs for one matrix, its items), so they stream in while
-    the steps before it (a norm, a combine) or its own x staging run. That step reads those
-    rows from shared memory (ip PRE). Only with the ring area free (the area is its top)."""
-    cap = knobs.preload_bytes()
-    if not cap or knobs.ctas_per_sm() != 1 or knobs.gemv_ring() or knobs.gemv_pipe()[0]:
-        return []
-    for enc, args, _ in steps:
-        if enc.direct is None:
-            continue
-        ws = args[1:1 + enc.direct["nmat"]]
-        if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
-            return []
-        rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
-        pr = min(n_tile, cap // (len(ws) * rb))
-        if len(ws) == 1 and pr < n_tile:
-            pr -= pr % 2
-        if pr <= 0:
-            return []
-        enc.ip = dict(enc.ip, PRE=pr)
-        return [(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws]
-    return []
 
 
 def _direct_call(a: dict[str, Any]) -> str:
@@ -1039,7 +1012,6 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         if t.op != K.FUSED:
             steps = [(encode_op(t, t.op, ins, outs, t.params), ins, outs)]
         steps = argmax.steps(t, steps, outs)
-        pre = _preload(steps)
         one = (len(steps) == 1 and not zero       # folded into one instruction: a plain task
                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2]))
         if t.op == K.FUSED and not one:
@@ -1049,8 +1021,6 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
             pf = [r for enc, _, _ in steps for r in enc.prefetch]
             d["pf_begin"], d["n_pf"] = len(ranges), len(pf)
             ranges.extend(pf)
-            d["n_pre"] = len(pre)                 # right after the prefetch ranges
-            ranges.extend(pre)
             d["zero_begin"], d["n_zero"] = len(ranges), len(zero)
             ranges.extend(((REF_SCRATCH, o), 0, n) for o, n in zero)
             for enc, sins, souts in steps:
@@ -1066,8 +1036,6 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
             enc, sins, souts = steps[0]
             ck = chunk_list([enc])
             d = desc(enc, sins, souts)
-            d["n_pre"] = len(pre)                 # right after the prefetch ranges
-            ranges.extend(pre)
             d["ck_begin"], d["n_ck"] = ck
             d["n_ptr_all"] = d["n_in"] + d["n_out"]
         d["task_id"] = t.id
@@ -1090,7 +1058,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         rec = table[i]
         for f in ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in",
                   "n_out", "sub_begin", "n_sub", "pf_begin", "n_pf", "zero_begin", "n_zero",
-                  "task_id", "ck_begin", "n_ck", "n_ptr_all", "n_pre"):
+                  "task_id", "ck_begin", "n_ck", "n_ptr_all"):
             rec[f] = d.get(f, 0)
         g = d["group"]
         for name, v in d["ip"].items():

@@ -170,11 +170,6 @@ struct StreamState {
 __shared__ StreamState amk_ss;
 __shared__ __align__(8) unsigned long long amk_full[AMK_RING_STAGES];   // one mbarrier per stage
 __shared__ __align__(8) unsigned long long amk_winbar[2];               // one per window half
-// AMK_PRE: a task's first GEMV rows, bulk-copied to smem + AMK_PRE_OFF by thread 0 right after
-// its wait (lower._preload), complete phase amk_pre_n - 1 of amk_pre_bar (amk_pre_n: preloads
-// issued by this CTA, set before the barrier after the wait).
-__shared__ __align__(8) unsigned long long amk_pre_bar;
-__shared__ unsigned amk_pre_n;
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   unsigned r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));

@@ -297,8 +297,7 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
 // Staged path (batch 1, the ring area free: AMK_FREE_RING): every partial is copied whole into
 // shared memory by 16-byte cp.async, one round trip for the whole combine (NOTES v9); then a
-// thread merges 4 consecutive outputs of one head from there. Under AMK_PRE only below
-// AMK_PRE_OFF: the o tile's first rows are landing above it.
+// thread merges 4 consecutive outputs of one head from there.
 template <class TP, class TO>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
@@ -307,8 +306,8 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
   const int pv = nh * (hd + 2) * (int)sizeof(TP) / 16;      // 16-byte vectors of one partial
-  bool staged = B == 1 && hd % 4 == 0 && (nh * (hd + 2) * (int)sizeof(TP)) % 16 == 0   // below
-                && (long long)np * pv * 16 <= (AMK_PRE ? AMK_PRE_OFF - AMK_RING_OFF : AMK_FREE_RING);   // a preload
+  bool staged = B == 1 && hd % 4 == 0 && (nh * (hd + 2) * (int)sizeof(TP)) % 16 == 0
+                && (long long)np * pv * 16 <= AMK_FREE_RING;
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
     char* st = smem + AMK_RING_OFF;
