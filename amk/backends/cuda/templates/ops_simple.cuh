@@ -295,9 +295,10 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 // TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
-// Staged path (batch 1, the ring area free: AMK_FREE_RING): every partial is copied whole into
-// shared memory by 16-byte cp.async, one round trip for the whole combine (NOTES v9); then a
-// thread merges 4 consecutive outputs of one head from there.
+// Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
+// (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory by 16-byte
+// cp.async, one round trip for the whole combine (NOTES v9); then a thread merges 4 consecutive
+// outputs of one head from there.
 template <class TP, class TO>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
@@ -305,15 +306,16 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
-  const int pv = nh * (hd + 2) * (int)sizeof(TP) / 16;      // 16-byte vectors of one partial
-  bool staged = B == 1 && hd % 4 == 0 && (nh * (hd + 2) * (int)sizeof(TP)) % 16 == 0
-                && (long long)np * pv * 16 <= AMK_FREE_RING;
+  const int rb = (hd + 2) * (int)sizeof(TP);                // bytes of one head's [acc | m | l]
+  const int v0 = h0 * rb / 16, span = ((h0 + hc) * rb + 15) / 16 - v0;   // its heads' vectors
+  bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0
+                && (long long)np * span * 16 <= AMK_FREE_RING;
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
     char* st = smem + AMK_RING_OFF;
-    for (int i = threadIdx.x; i < np * pv; i += NT) {
-      const int p = i / pv, v = i - p * pv;
-      cp_async16(st + (long long)i * 16, (const char*)P[p] + v * 16);
+    for (int i = threadIdx.x; i < np * span; i += NT) {
+      const int p = i / span, v = i - p * span;
+      cp_async16(st + (long long)i * 16, (const char*)P[p] + (v0 + v) * 16);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -321,10 +323,10 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     for (int i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * NT) {
       const int r = i0, h = h0 + r / hd, dd = r % hd;
       float mx = -__int_as_float(0x7f800000);
-      for (int p = 0; p < np; p++) mx = fmaxf(mx, to_f(((const TP*)(st + p * pv * 16))[h * (hd + 2) + hd]));
+      for (int p = 0; p < np; p++) mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
       float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int p = 0; p < np; p++) {
-        const TP* pp = (const TP*)(st + p * pv * 16) + h * (hd + 2);
+        const TP* pp = (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2);
         const float lp = to_f(pp[hd + 1]);
         const float w = lp > 0.f ? expf(to_f(pp[hd]) - mx) : 0.f;
         L += lp * w;
