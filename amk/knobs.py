@@ -132,6 +132,18 @@ def l2_prefetch() -> int:
     return n
 
 
+def preload_bytes() -> int:
+    """AMK_PRELOAD: bytes of a float batch-1 GEMV's first weight rows the CUDA scheduler copies
+    into shared memory (one bulk copy a matrix, issued by thread 0 right after the task's counter
+    wait), so they stream in while the task's norm, combine or x staging runs, before any of
+    its own loads (NOTES v11). 0 = off; at most 65536 (the area at the top of shared memory);
+    default 65536. Only with the ring area free (no AMK_GEMV_RING / AMK_GEMV_PIPE, one CTA an SM)."""
+    n = _int("AMK_PRELOAD", 65536)
+    if not 0 <= n <= 65536 or n % 16:
+        raise ValueError(f"AMK_PRELOAD={n}: expected a multiple of 16 in 0..65536")
+    return n
+
+
 def spin_ns() -> int:
     """AMK_SPIN_NS: the longest sleep (ns) between two polls of a counter by a waiting CTA
     (the backoff doubles from 16 up to it). Every waiting SM polls the same counter, so short
@@ -160,4 +172,4 @@ def lineinfo() -> bool:
 def backend_knobs() -> tuple:
     """Every knob that changes the CUDA lowering, source or runtime (part of the cache keys)."""
     return (gemv_ring_shape(), attn_smem(), profile(), ctas_per_sm(), gemv_pipe(), l2_prefetch(),
-            spin_ns(), counter_stride())
+            spin_ns(), counter_stride(), preload_bytes())

@@ -68,3 +68,48 @@ def test_the_direct_gemv_compiles_without_spills(tmp_path, monkeypatch):
     assert blocks
     for name, line in blocks:
         assert "0 bytes spill stores" in line, (name, line)
+
+
+def _one_layer_1b():
+    from dataclasses import replace
+    from amk.models.presets import LLAMA_3_2_1B, random_model
+    prog = random_model(replace(LLAMA_3_2_1B, max_seq=1088, n_layers=1), device="meta") \
+        .lower(backend="cuda").program
+    return prog, lower_program(prog)
+
+
+def test_the_o_projection_tiles_are_preloaded_by_the_task_before_them(monkeypatch):
+    """lower._preload: each o tile (a task that starts with the split-KV combine) has its whole
+    64 KiB weight tile copied into shared memory by the task before it in its queue (the
+    attention, or a q/k/v tile): those carry the ranges (n_pre) right after their own prefetch
+    ranges, and the o tile's GEMV step reads PRE = all 16 rows from there."""
+    monkeypatch.delenv("AMK_PRELOAD", raising=False)
+    prog, low = _one_layer_1b()
+    pre_ip, gemv_ip = abi.ip_index("GEMV", "PRE"), abi.ip_index("GEMV", "N_OFF")
+    before, preloaded = set(), 0
+    for q in low.queues:
+        for i, j in zip(q, q[1:]):
+            d = low.tasks[i]
+            if not int(d["n_pre"]):
+                continue
+            oj = low.tasks[j]
+            steps = low.tasks[oj["sub_begin"]:oj["sub_begin"] + oj["n_sub"]]
+            assert [int(s["op"]) for s in steps] == [int(K.ATTENTION_COMBINE), int(K.GEMV_TILE)]
+            g = steps[1]
+            lo = int(d["pf_begin"]) + int(d["n_pf"])
+            ((ref, off, nb),) = low.ranges[lo:lo + int(d["n_pre"])]
+            assert (int(g["ip"][pre_ip]), off, nb) == (16, int(g["ip"][gemv_ip]) * 4096, 16 * 4096)
+            before.add(prog.tasks[i].name.split(" @")[0][:9])
+            preloaded += 1
+    assert preloaded == 128 and before == {"attention", "linear(pa"}
+    gemvs = low.tasks[low.tasks["op"] == int(K.GEMV_TILE)]
+    assert (gemvs["ip"][:, pre_ip] > 0).sum() == 128                    # no other GEMV
+    assert "#define AMK_PRE 1" in render(prog)
+
+
+@pytest.mark.parametrize("knob, value", [("AMK_PRELOAD", "0"), ("AMK_GEMV_PIPE", "1")])
+def test_no_preload_when_turned_off_or_the_ring_area_is_taken(monkeypatch, knob, value):
+    monkeypatch.setenv(knob, value)
+    prog, low = _one_layer_1b()
+    assert not low.tasks["n_pre"].any()
+    assert "#define AMK_PRE 0" in render(prog)

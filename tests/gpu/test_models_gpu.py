@@ -1,5 +1,6 @@
 """Whole models on the CUDA megakernel: tiny HF models against transformers, a Llama-3.2-1B-shaped
-model against the reference VM on the GPU, and 1,000 repeated steps (no race)."""
+model against the reference VM on the GPU (32 steps from an empty cache; one step on a cache of
+history at the benchmark's split-KV schedule), and 1,000 repeated steps (no race)."""
 from dataclasses import replace
 
 import pytest
@@ -53,6 +54,34 @@ def test_llama_1b_shape_cuda_matches_reference_vm_for_32_steps():
         assert rel < 2e-2, f"step {i}: relative error {rel:.3e}"
         agree += int(g.argmax() == w.argmax())
     assert agree >= 30, f"argmax agreed on only {agree}/32 steps"
+
+
+@pytest.mark.parametrize("pos", [0, 136, 137, 700, 1087])
+def test_llama_1b_shape_split_kv_step_with_history_matches_reference_vm(pos):
+    """The benchmark's schedule (max_seq 1088: 8 KV shards a kv head, the combine folded into
+    the o tiles and their weights preloaded, the new K/V rows read by the attention and appended
+    after it) on a cache full of history, pos at shard edges: logits and both caches."""
+    cfg = replace(LLAMA_3_2_1B, n_layers=2)
+    m = random_model(cfg, device="cuda", max_seq=1088, seed=5)
+    params, token, p, kv = m.example_args()
+    g = torch.Generator(device="cuda").manual_seed(pos)
+    for layer in kv:
+        for c in layer.values():
+            c.copy_(torch.randn(c.shape, generator=g, device="cuda"))
+    token.fill_(11)
+    p.fill_(pos)
+    out = {}
+    for backend in ("cuda", "reference"):
+        cache = [{k: c.clone() for k, c in layer.items()} for layer in kv]
+        _, logits, cache = m.jit(backend)(params, token, p, cache)
+        out[backend] = (logits.float(), cache)
+    (got, gkv), (want, wkv) = out["cuda"], out["reference"]
+    assert ((got - want).norm() / want.norm()).item() < 2e-2
+    assert got.argmax() == want.argmax()
+    for gl, wl in zip(gkv, wkv):
+        for k in ("k", "v"):
+            torch.testing.assert_close(gl[k].float(), wl[k].float(), rtol=2e-2, atol=2e-2)
+            assert torch.equal(gl[k][:pos], wl[k][:pos]) and torch.equal(gl[k][pos + 1:], wl[k][pos + 1:])
 
 
 def test_one_thousand_repeated_steps_are_identical():

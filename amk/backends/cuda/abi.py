@@ -33,7 +33,9 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("ck_begin", "int", 1),      # weight chunks this task takes from its CTA's weight stream:
     ("n_ck", "int", 1),          #   ranges[ck_begin : +n_ck] (host bookkeeping; FUSED steps too)
     ("n_ptr_all", "int", 1),     # pointers of the task AND its FUSED steps, contiguous from
-    ("pad1", "int", 1),          #   ptr_begin (the scheduler copies them in one go)
+                                 #   ptr_begin (the scheduler copies them in one go)
+    ("n_pre", "int", 1),         # the NEXT task's preload: ranges[pf_begin + n_pf : +n_pre], copied
+                                 #   into smem at AMK_PRE_OFF during this task (lower._preload)
     ("ip", "int", N_IP),
     ("fp", "float", N_FP),
 )
@@ -77,8 +79,9 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # between rows)
     # ARG_SLOT: op_gemv_direct EPI 3 writes its tile's argmax partial to slot ARG_SLOT of its
     # second output (lower._argmax_folds)
+    # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (lower._preload)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY",
-             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT"),
+             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT", "PRE"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (lower._rope_into_attention); K_ROPE: so is NEW_KV's new k row

@@ -29,6 +29,7 @@ RING_OFF = max(GEMV_SMEM, ATTN_SMEM)   # then the weight stream's stages or the 
 STREAM_WIN = 128                 # stream entries per half of the smem window (16 B each)
 WIN_OFF = RING_OFF + RING_BYTES
 SMEM_BYTES = WIN_OFF + 2 * STREAM_WIN * 16        # 196 KiB of the 227 KiB a CTA may have
+PRE_OFF = SMEM_BYTES - 65536     # lower._preload's rows: the top 64 KiB (ring area free only)
 
 
 def launch_shape(ctas_per_sm: int) -> tuple[int, int]:
@@ -86,7 +87,8 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n"
              f"#define AMK_SPIN_NS {knobs.spin_ns()}\n#define AMK_CSTRIDE {knobs.counter_stride()}\n"
              f"#define AMK_PF {int(any(t['n_pf'] for t in low.tasks))}\n"
-             f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n",
+             f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n"
+             f"#define AMK_PRE {int(any(t['n_pre'] for t in low.tasks))}\n#define AMK_PRE_OFF {PRE_OFF}\n",
              abi.render_header()]
     if knobs.profile():
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n")

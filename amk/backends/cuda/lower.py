@@ -78,7 +78,8 @@ class Lowered:
     n_program_tasks: int
     waits: np.ndarray                    # WAIT_DTYPE
     ptr_refs: np.ndarray                 # int64 [n, 2]: (kind, buffer id | scratch offset)
-    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): prefetch + zero
+    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): prefetch,
+                                                     # preload, zero
     scratch_bytes: int
     queues: list[list[int]]              # per-CTA task ids (program order within a queue)
     stream: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # range indices
@@ -289,6 +290,37 @@ def _first_round_prefetch(w: View, n_off: int, n_tile: int, row_bytes: int, nv: 
     warps = launch_shape(knobs.ctas_per_sm())[0] // 32
     rows = min(n_tile, 2 * -(-warps // -(-nv // 256)))
     e.prefetch.append((w.ref, n_off * row_bytes, rows * row_bytes))
+
+
+def _preload(steps) -> list[tuple[tuple[int, int], int, int]]:
+    """The weight ranges of a task that starts with a split-KV combine (the o projection) that
+    the CTA copies into shared memory while the task before it in the queue runs: from the
+    staged attention right after it has issued its own loads (op_attention_smem), else when
+    that task ends. The combine's wait for the attention is the layer's long idle of the HBM
+    and of the SM's ingress, so the rows land before any of the task's own loads (a copy issued
+    at the task's start delays the combine's loads behind it: NOTES v11). They are the first PRE
+    rows of each matrix of the task's op_gemv_direct step (as many as AMK_PRELOAD bytes hold;
+    whole row pairs for one matrix), which reads them from shared memory (ip PRE). Only with the
+    ring area free (the preload area is its top)."""
+    cap = knobs.preload_bytes()
+    if (not cap or knobs.ctas_per_sm() != 1 or knobs.gemv_ring() or knobs.gemv_pipe()[0]
+            or not steps or steps[0][0].op != int(K.ATTENTION_COMBINE)):
+        return []
+    for enc, args, _ in steps:
+        if enc.direct is None:
+            continue
+        ws = args[1:1 + enc.direct["nmat"]]
+        if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
+            return []
+        rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
+        pr = min(n_tile, cap // (len(ws) * rb))
+        if len(ws) == 1 and pr < n_tile:
+            pr -= pr % 2
+        if pr <= 0:
+            return []
+        enc.ip = dict(enc.ip, PRE=pr)
+        return [(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws]
+    return []
 
 
 def _direct_call(a: dict[str, Any]) -> str:
@@ -985,6 +1017,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     ranges: list[tuple[tuple[int, int], int, int]] = []
     argmax = _ArgmaxFolds(program)
     scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
+    pre_of: dict[int, tuple[list, Encoded]] = {}   # task -> (its preload ranges, its GEMV step)
 
     def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
         var = -1
@@ -1012,6 +1045,9 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         if t.op != K.FUSED:
             steps = [(encode_op(t, t.op, ins, outs, t.params), ins, outs)]
         steps = argmax.steps(t, steps, outs)
+        pre = _preload(steps)
+        if pre:
+            pre_of[t.id] = (pre, next(enc for enc, _, _ in steps if enc.ip.get("PRE")))
         one = (len(steps) == 1 and not zero       # folded into one instruction: a plain task
                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2]))
         if t.op == K.FUSED and not one:
@@ -1047,6 +1083,19 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         d["out_counter"] = t.out_counter if t.out_counter is not None else -1
         rows.append(d)
 
+    queues = _queues(program, n_ctas)
+    for q in queues:                      # the task before one with a preload copies its rows
+        for k, j in enumerate(q):
+            if j not in pre_of:
+                continue
+            pre, gemv = pre_of[j]
+            if k == 0:                        # first in its queue: nothing runs before it
+                gemv.ip["PRE"] = 0
+                continue
+            d = rows[q[k - 1]]                # its prefetch ranges, then the preload right after
+            own = ranges[d["pf_begin"]:d["pf_begin"] + d["n_pf"]]
+            d["pf_begin"], d["n_pre"] = len(ranges), len(pre)
+            ranges.extend(own + pre)
     n_prog = len(rows)
     for s in subs:
         s["wait_begin"], s["n_waits"], s["out_counter"] = 0, 0, -1
@@ -1058,7 +1107,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         rec = table[i]
         for f in ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in",
                   "n_out", "sub_begin", "n_sub", "pf_begin", "n_pf", "zero_begin", "n_zero",
-                  "task_id", "ck_begin", "n_ck", "n_ptr_all"):
+                  "task_id", "ck_begin", "n_ck", "n_ptr_all", "n_pre"):
             rec[f] = d.get(f, 0)
         g = d["group"]
         for name, v in d["ip"].items():
@@ -1068,7 +1117,6 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
     for i, (c, th, st) in enumerate(waits):
         wt[i]["counter"], wt[i]["threshold"], wt[i]["stride"] = c, th & 0xFFFFFFFF, st
-    queues = _queues(program, n_ctas)
     stream, stream_off = _weight_streams(table, queues)
     return Lowered(variants=list(variants), tasks=table, n_program_tasks=n_prog, waits=wt,
                    ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2), ranges=ranges,

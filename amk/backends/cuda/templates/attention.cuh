@@ -276,7 +276,9 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   float* qs = (float*)smem;                                  // [HG][hd]
   float* nrow = qs + HG * hd;                                // NEW_KV: the new k, v rows [2][hd]
   const int red_f = PG * HG * hd;                            // [PG][HG][hd] partial P.V sums
-  int CR = (AMK_RING_OFF + AMK_FREE_RING - (HG + 2) * hd * 4) / ((HG + HGP) * 4 + krs + vrs);   // + the ring area when free
+  // the work area + the ring area when free, below the next task's preload (AMK_PRE_OFF)
+  constexpr int AREA = AMK_PRE && AMK_PRE_OFF < AMK_RING_OFF + AMK_FREE_RING ? AMK_PRE_OFF : AMK_RING_OFF + AMK_FREE_RING;
+  int CR = (AREA - (HG + 2) * hd * 4) / ((HG + HGP) * 4 + krs + vrs);
   if (CR > NT) CR = NT;
   CR &= ~3;
   float* sc = nrow + 2 * hd;                                 // [HG][CR] scores
@@ -309,6 +311,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         attn_stage_q<TQ, TK, TV, TN, TF>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos,
                                          new_r >= 0 ? (const TN*)P[4] + nro : nullptr,
                                          new_r >= 0 ? (const TN*)P[5] + nro : nullptr, nrow);
+        if (threadIdx.x == 0) preload_next(smem);            // the next task's rows, behind ours
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
         float acc[HG][2];
 #pragma unroll

@@ -187,6 +187,24 @@ __device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, 
   }
 }
 
+// The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: lower._preload), laid out
+// as in global memory, matrix after matrix.
+template <int NMAT, int GU>
+__device__ __forceinline__ void direct_load_pre(uint4 (&wv)[2][GU], const char* pre, int pr, int n_tile,
+                                                long long rbytes, int nv, int nseg, int it) {
+  const int lane = threadIdx.x & 31, g = it / nseg, seg = it - g * nseg;
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    const int r = NMAT == 2 ? g : 2 * g + j;
+    const char* row = pre + ((NMAT == 2 ? j * pr : 0) + r) * rbytes;
+#pragma unroll
+    for (int u = 0; u < GU; u++) {
+      const int v = seg * 32 * GU + u * 32 + lane;
+      wv[j][u] = (r < n_tile && v < nv) ? *(const uint4*)(row + v * 16) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
 // op_gemv_direct's item `it` against x: each of its two rows' sum into part[row slot, segment].
 template <class TW, int NMAT, int GU>
 __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float* xs, float* part,
@@ -222,6 +240,8 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
 // 3 (ARGMAX, NMAT == 1, lower._argmax_folds): as 0, and the tile's argmax over the values it
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
+// PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF right after
+// the task's wait (lower._preload): items within them read from there once the copy lands.
 // P: x, W_1..W_NMAT, [bias], [residual], then the outputs.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
@@ -240,9 +260,16 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   const float rv = res_early && threadIdx.x < n_tile ? to_f(res[n_off + threadIdx.x]) : 0.f;
   if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
   __syncthreads();
+  const int pr = AMK_PRE ? d.ip[P_GEMV_PRE] : 0;
   for (int it = warp; it < items; it += NWARPS) {
     uint4 wv[2][GU];
-    direct_load<NMAT, GU>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
+    const int last = NMAT == 2 ? it / nseg : 2 * (it / nseg) + 1;     // the item's last row
+    if (AMK_PRE && (last < pr || pr == n_tile)) {
+      mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
+      direct_load_pre<NMAT, GU>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
+    } else {
+      direct_load<NMAT, GU>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
+    }
     direct_dot<TW, NMAT, GU>(wv, xs, part, n_tile, nv, nseg, it);
   }
   __syncthreads();

@@ -298,7 +298,8 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
 // (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory by 16-byte
 // cp.async, one round trip for the whole combine (NOTES v9); then a thread merges 4 consecutive
-// outputs of one head from there.
+// outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
+// rows may be landing above it (lower._preload).
 template <class TP, class TO>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
@@ -309,7 +310,7 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int rb = (hd + 2) * (int)sizeof(TP);                // bytes of one head's [acc | m | l]
   const int v0 = h0 * rb / 16, span = ((h0 + hc) * rb + 15) / 16 - v0;   // its heads' vectors
   bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0
-                && (long long)np * span * 16 <= AMK_FREE_RING;
+                && (long long)np * span * 16 <= (AMK_PRE ? AMK_PRE_OFF - AMK_RING_OFF : AMK_FREE_RING);
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
     char* st = smem + AMK_RING_OFF;

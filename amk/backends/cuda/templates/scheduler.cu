@@ -27,12 +27,17 @@ __device__ __forceinline__ void slot_stage1(const TaskDesc* src, TaskDesc* dst) 
   if (i >= 0 && i < DESC_WORDS) cp_async4((int*)dst + i, (const int*)src + i);
   cp_async_commit();
 }
-// Stage 2 (the slot's TaskDesc visible): its pointers and, when they fit, its steps' descriptors.
+// Stage 2 (the slot's TaskDesc visible): its pointers, the next task's preload ranges it copies
+// (amk_pre_ranges[slot]) and, when they fit, its steps' descriptors.
 __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* tasks,
-                                            const unsigned long long* ptrs, TaskDesc* subs, void** sp) {
+                                            const unsigned long long* ptrs, TaskDesc* subs, void** sp,
+                                            const RangeDesc* ranges, RangeDesc* pre) {
   const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
   const int np = fits ? t.n_ptr_all : t.n_in + t.n_out;
   for (int i = threadIdx.x; i < np; i += NT) cp_async8(sp + i, ptrs + t.ptr_begin + i);
+  if (AMK_PRE)
+    for (int i = threadIdx.x; i < t.n_pre * (int)(sizeof(RangeDesc) / 8); i += NT)
+      cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pf_begin + t.n_pf) + i);
   if (fits && t.op == OP_FUSED) {
     const int* src = (const int*)(tasks + t.sub_begin);
     for (int i = threadIdx.x; i < t.n_sub * DESC_WORDS; i += NT) cp_async4((int*)subs + i, src + i);
@@ -117,6 +122,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     amk_ss.src = A.stream + sb * 16ull; amk_ss.watchdog_ns = A.watchdog_ns; amk_ss.st = st;
     for (int s = 0; s < AMK_RING_STAGES; s++) mbar_init(&amk_full[s], 1);
     mbar_init(&amk_winbar[0], 1); mbar_init(&amk_winbar[1], 1);
+    mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
     if (amk_ss.n > 0) stream_win_request(smem, 0);
   }
@@ -124,7 +130,8 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   for (int j = threadIdx.x; j < qe - qb && j < QUEUE_CAP; j += NT) s_queue[j] = qt[qb + j];
   cp_async_wait<0>();
   __syncthreads();
-  if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0]);
+  const RangeDesc* ranges = (const RangeDesc*)A.ranges;
+  if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0], ranges, amk_pre_ranges[0]);
   // L2 prefetch from the last warp: thread 0 (warp 0) fences after its counter waits, and a
   // fence would wait for these bulk prefetches too.
   if (AMK_PF && warp == NWARPS - 1 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
@@ -155,6 +162,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     pipe_preload_task(T, s_subs[slot], fits, s_ptrs[slot], smem);
     if (threadIdx.x == 0) {
       s_ok = wait_task(&T, A, epoch) ? 1 : 0;
+      if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
 #ifdef AMK_PROFILE
       prof[AMK_PROF_W * i + 1] = global_timer();
 #endif
@@ -192,7 +200,8 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     __syncthreads();
     if (threadIdx.x == 0 && out_counter >= 0)   // after the barrier: the CTA's writes, released
       red_release_add((unsigned*)A.counters + (long long)out_counter * AMK_CSTRIDE, 1u);
-    if (next >= 0) slot_stage2(s_task[slot ^ 1], tasks, ptrs, s_subs[slot ^ 1], s_ptrs[slot ^ 1]);
+    if (AMK_PRE && threadIdx.x == 0) preload_next(smem);   // the next task's rows, unless issued
+    if (next >= 0) slot_stage2(s_task[slot ^ 1], tasks, ptrs, s_subs[slot ^ 1], s_ptrs[slot ^ 1], ranges, amk_pre_ranges[slot ^ 1]);
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) {
       unsigned smid; asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -201,6 +210,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
 #endif
   }
   cp_async_wait<0>();              // nothing may land in shared memory after the CTA exits
+  if (AMK_PRE && threadIdx.x == 0 && amk_pre_n > 0) mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
   if (threadIdx.x == AMK_ISSUER) {   // an aborted queue leaves copies in flight: let them land
     for (unsigned j = amk_ss.consumed; j < amk_ss.issued; j++)
       mbar_wait(&amk_full[j % AMK_RING_STAGES], (j / AMK_RING_STAGES) & 1u);
