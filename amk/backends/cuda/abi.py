@@ -35,7 +35,7 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("n_ptr_all", "int", 1),     # pointers of the task AND its FUSED steps, contiguous from
                                  #   ptr_begin (the scheduler copies them in one go)
     ("n_pre", "int", 1),         # the NEXT task's preload: ranges[pf_begin + n_pf : +n_pre], copied
-    ("pre_dst", "int", 1),       #   into smem at pre_dst during this task (lower._preloads)
+                                 #   into smem at AMK_PRE_OFF during this task (lower._preload)
     ("ip", "int", N_IP),
     ("fp", "float", N_FP),
 )
@@ -79,9 +79,9 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # between rows)
     # ARG_SLOT: op_gemv_direct EPI 3 writes its tile's argmax partial to slot ARG_SLOT of its
     # second output (lower._argmax_folds)
-    # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at PRE_AT (lower._preloads)
+    # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (lower._preload)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY",
-             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT", "PRE", "PRE_AT"),
+             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT", "PRE"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (lower._rope_into_attention); K_ROPE: so is NEW_KV's new k row

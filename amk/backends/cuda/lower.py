@@ -292,70 +292,35 @@ def _first_round_prefetch(w: View, n_off: int, n_tile: int, row_bytes: int, nv: 
     e.prefetch.append((w.ref, n_off * row_bytes, rows * row_bytes))
 
 
-def _preload_on() -> bool:
-    """AMK_PRELOAD > 0 and the ring area free (the preload areas are in it)."""
-    return (knobs.preload_bytes() > 0 and knobs.ctas_per_sm() == 1 and not knobs.gemv_ring()
-            and not knobs.gemv_pipe()[0])
-
-
-def _first_direct(steps):
-    """(Encoded, args) of the task's first op_gemv_direct step over read-only weights, or None."""
+def _preload(steps) -> list[tuple[tuple[int, int], int, int]]:
+    """The weight ranges of a task that starts with a split-KV combine (the o projection) that
+    the CTA copies into shared memory while the task before it in the queue runs: from the
+    staged attention right after it has issued its own loads (op_attention_smem), else when
+    that task ends. The combine's wait for the attention is the layer's long idle of the HBM
+    and of the SM's ingress, so the rows land before any of the task's own loads (a copy issued
+    at the task's start delays the combine's loads behind it: NOTES v11). They are the first PRE
+    rows of each matrix of the task's op_gemv_direct step (as many as AMK_PRELOAD bytes hold;
+    whole row pairs for one matrix), which reads them from shared memory (ip PRE). Only with the
+    ring area free (the preload area is its top)."""
+    cap = knobs.preload_bytes()
+    if (not cap or knobs.ctas_per_sm() != 1 or knobs.gemv_ring() or knobs.gemv_pipe()[0]
+            or not steps or steps[0][0].op != int(K.ATTENTION_COMBINE)):
+        return []
     for enc, args, _ in steps:
-        if enc.direct is not None:
-            ws = args[1:1 + enc.direct["nmat"]]
-            ok = all(w.kind in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws)
-            return (enc, args) if ok else None
-    return None
-
-
-def _preload_rows(enc: Encoded, args) -> tuple[int, list[tuple[tuple[int, int], int, int]]]:
-    """(PRE, ranges): the first PRE rows of each weight matrix of a direct GEMV step that
-    AMK_PRELOAD bytes hold (whole row pairs for one matrix: its items), one range a matrix."""
-    ws = args[1:1 + enc.direct["nmat"]]
-    rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
-    pr = min(n_tile, knobs.preload_bytes() // (len(ws) * rb))
-    if len(ws) == 1 and pr < n_tile:
-        pr -= pr % 2
-    return (pr, [(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws]) if pr > 0 else (0, [])
-
-
-def _preloads(queues, gemv_of, rows, ranges) -> None:
-    """The weight rows each CTA copies into shared memory for the next task while the task
-    before it runs, where that task leaves the SM's ingress idle (NOTES v11; a copy issued at a
-    task's own start delays its loads behind it):
-      * an o-projection tile (a task that starts with the split-KV combine: its wait for the
-        attention is the layer's long idle) gets its rows at AMK_PRE_OFF, copied by the staged
-        attention right after it has issued its own loads, else when the task before ends;
-      * the task after such a preloaded o tile (gate/up) gets its first rows at AMK_RING_OFF,
-        copied when the o tile's GEMV starts reading its own rows from shared memory (the
-        combine's staging area is free again by then).
-    The task before carries the ranges (n_pre, after its prefetch ranges) and the destination
-    (pre_dst); the GEMV step reads the first PRE rows of each matrix from smem + PRE_AT."""
-    from amk.backends.cuda.codegen import PRE_OFF, RING_OFF
-    for q in queues:
-        for k in range(1, len(q)):
-            i, j = q[k - 1], q[k]
-            if j not in gemv_of:
-                continue
-            enc, args, after_combine = gemv_of[j]
-            prev = gemv_of.get(i)
-            prev_at = prev[0].ip.get("PRE_AT") if prev and prev[0].ip.get("PRE") else None
-            if after_combine:
-                dst = PRE_OFF
-            elif prev is not None and prev[2] and prev_at == PRE_OFF:
-                dst = RING_OFF
-            else:
-                continue
-            if dst == prev_at:                # the task before reads its own rows there
-                continue
-            pr, pre = _preload_rows(enc, args)
-            if not pre:
-                continue
-            enc.ip.update(PRE=pr, PRE_AT=dst)
-            d = rows[i]                       # its prefetch ranges, then the preload right after
-            own = ranges[d["pf_begin"]:d["pf_begin"] + d["n_pf"]]
-            d["pf_begin"], d["n_pre"], d["pre_dst"] = len(ranges), len(pre), dst
-            ranges.extend(own + pre)
+        if enc.direct is None:
+            continue
+        ws = args[1:1 + enc.direct["nmat"]]
+        if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
+            return []
+        rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
+        pr = min(n_tile, cap // (len(ws) * rb))
+        if len(ws) == 1 and pr < n_tile:
+            pr -= pr % 2
+        if pr <= 0:
+            return []
+        enc.ip = dict(enc.ip, PRE=pr)
+        return [(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws]
+    return []
 
 
 def _direct_call(a: dict[str, Any]) -> str:
@@ -1052,8 +1017,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     ranges: list[tuple[tuple[int, int], int, int]] = []
     argmax = _ArgmaxFolds(program)
     scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
-    gemv_of: dict[int, tuple[Encoded, list, bool]] = {}   # task -> its first direct GEMV step,
-    preload = _preload_on()                                #   args, whether a combine starts it
+    pre_of: dict[int, tuple[list, Encoded]] = {}   # task -> (its preload ranges, its GEMV step)
 
     def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
         var = -1
@@ -1081,10 +1045,9 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         if t.op != K.FUSED:
             steps = [(encode_op(t, t.op, ins, outs, t.params), ins, outs)]
         steps = argmax.steps(t, steps, outs)
-        g = _first_direct(steps) if preload else None
-        if g is not None:
-            g[0].ip = dict(g[0].ip)           # its own: _preloads may set PRE in it later
-            gemv_of[t.id] = (g[0], g[1], steps[0][0].op == int(K.ATTENTION_COMBINE))
+        pre = _preload(steps)
+        if pre:
+            pre_of[t.id] = (pre, next(enc for enc, _, _ in steps if enc.ip.get("PRE")))
         one = (len(steps) == 1 and not zero       # folded into one instruction: a plain task
                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2]))
         if t.op == K.FUSED and not one:
@@ -1121,7 +1084,18 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         rows.append(d)
 
     queues = _queues(program, n_ctas)
-    _preloads(queues, gemv_of, rows, ranges)
+    for q in queues:                      # the task before one with a preload copies its rows
+        for k, j in enumerate(q):
+            if j not in pre_of:
+                continue
+            pre, gemv = pre_of[j]
+            if k == 0:                        # first in its queue: nothing runs before it
+                gemv.ip["PRE"] = 0
+                continue
+            d = rows[q[k - 1]]                # its prefetch ranges, then the preload right after
+            own = ranges[d["pf_begin"]:d["pf_begin"] + d["n_pf"]]
+            d["pf_begin"], d["n_pre"] = len(ranges), len(pre)
+            ranges.extend(own + pre)
     n_prog = len(rows)
     for s in subs:
         s["wait_begin"], s["n_waits"], s["out_counter"] = 0, 0, -1
@@ -1133,7 +1107,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         rec = table[i]
         for f in ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in",
                   "n_out", "sub_begin", "n_sub", "pf_begin", "n_pf", "zero_begin", "n_zero",
-                  "task_id", "ck_begin", "n_ck", "n_ptr_all", "n_pre", "pre_dst"):
+                  "task_id", "ck_begin", "n_ck", "n_ptr_all", "n_pre"):
             rec[f] = d.get(f, 0)
         g = d["group"]
         for name, v in d["ip"].items():

@@ -170,13 +170,13 @@ struct StreamState {
 __shared__ StreamState amk_ss;
 __shared__ __align__(8) unsigned long long amk_full[AMK_RING_STAGES];   // one mbarrier per stage
 __shared__ __align__(8) unsigned long long amk_winbar[2];               // one per window half
-// AMK_PRE: the next task's first GEMV rows (lower._preloads), bulk-copied to smem + amk_pre_dst by
+// AMK_PRE: the next task's first GEMV rows (lower._preload), bulk-copied to smem + AMK_PRE_OFF by
 // thread 0 during the task before it, complete phase amk_pre_n - 1 of amk_pre_bar (amk_pre_n:
 // preloads this CTA issued). amk_pre_ranges[slot]: the running task's ranges to copy (the
 // descriptor slot's), amk_pre_pending of them not yet issued (thread 0's bookkeeping).
 __shared__ __align__(8) unsigned long long amk_pre_bar;
 __shared__ unsigned amk_pre_n;
-__shared__ int amk_pre_pending, amk_pre_slot, amk_pre_dst;
+__shared__ int amk_pre_pending, amk_pre_slot;
 __shared__ RangeDesc amk_pre_ranges[2][AMK_PRE ? 2 : 1];
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   unsigned r;
@@ -234,7 +234,7 @@ __device__ __forceinline__ void bulk_g2s(const void* dst, unsigned long long src
                :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(b)) : "memory");
 }
 // Thread 0: issue the pending preload, once (the staged attention calls it after its own loads
-// are issued, a GEMV once its own preloaded rows have landed, the scheduler when the task ends).
+// are issued; the scheduler when the task ends).
 __device__ __forceinline__ void preload_next(char* smem) {
   if (!AMK_PRE || amk_pre_pending == 0) return;
   const RangeDesc* r = amk_pre_ranges[amk_pre_slot];
@@ -242,7 +242,7 @@ __device__ __forceinline__ void preload_next(char* smem) {
   for (int i = 0; i < amk_pre_pending; i++) total += (unsigned)r[i].bytes;
   mbar_expect_tx(&amk_pre_bar, total);
   for (int i = 0, off = 0; i < amk_pre_pending; off += (int)r[i].bytes, i++)
-    bulk_g2s(smem + amk_pre_dst + off, r[i].addr, (unsigned)r[i].bytes, &amk_pre_bar);
+    bulk_g2s(smem + AMK_PRE_OFF + off, r[i].addr, (unsigned)r[i].bytes, &amk_pre_bar);
   amk_pre_n++;
   amk_pre_pending = 0;
 }

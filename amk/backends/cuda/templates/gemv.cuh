@@ -187,8 +187,8 @@ __device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, 
   }
 }
 
-// The same item from the preloaded rows (PRE a matrix at smem + PRE_AT: lower._preloads), laid
-// out as in global memory, matrix after matrix.
+// The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: lower._preload), laid out
+// as in global memory, matrix after matrix.
 template <int NMAT, int GU>
 __device__ __forceinline__ void direct_load_pre(uint4 (&wv)[2][GU], const char* pre, int pr, int n_tile,
                                                 long long rbytes, int nv, int nseg, int it) {
@@ -240,9 +240,8 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
 // 3 (ARGMAX, NMAT == 1, lower._argmax_folds): as 0, and the tile's argmax over the values it
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
-// PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + PRE_AT while the task
-// before ran (lower._preloads): items within them read from there once the copy has landed;
-// then the next task's preload may start (this GEMV no longer needs the SM's ingress much).
+// PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF right after
+// the task's wait (lower._preload): items within them read from there once the copy lands.
 // P: x, W_1..W_NMAT, [bias], [residual], then the outputs.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
@@ -267,8 +266,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     const int last = NMAT == 2 ? it / nseg : 2 * (it / nseg) + 1;     // the item's last row
     if (AMK_PRE && (last < pr || pr == n_tile)) {
       mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
-      if (threadIdx.x == 0) preload_next(smem);           // after the wait: the next phase
-      direct_load_pre<NMAT, GU>(wv, smem + d.ip[P_GEMV_PRE_AT], pr, n_tile, rbytes, nv, nseg, it);
+      direct_load_pre<NMAT, GU>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
     } else {
       direct_load<NMAT, GU>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
     }

@@ -162,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     pipe_preload_task(T, s_subs[slot], fits, s_ptrs[slot], smem);
     if (threadIdx.x == 0) {
       s_ok = wait_task(&T, A, epoch) ? 1 : 0;
-      if (AMK_PRE) { amk_pre_slot = slot; amk_pre_dst = T.pre_dst; amk_pre_pending = s_ok ? T.n_pre : 0; }
+      if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
 #ifdef AMK_PROFILE
       prof[AMK_PROF_W * i + 1] = global_timer();
 #endif
