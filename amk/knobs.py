@@ -133,11 +133,12 @@ def l2_prefetch() -> int:
 
 
 def preload_bytes() -> int:
-    """AMK_PRELOAD: bytes of a float batch-1 GEMV's first weight rows the CUDA scheduler copies
-    into shared memory (one bulk copy a matrix, issued by thread 0 right after the task's counter
-    wait), so they stream in while the task's norm, combine or x staging runs, before any of
-    its own loads (NOTES v11). 0 = off; at most 65536 (the area at the top of shared memory);
-    default 65536. Only with the ring area free (no AMK_GEMV_RING / AMK_GEMV_PIPE, one CTA an SM)."""
+    """AMK_PRELOAD: bytes of an o-projection tile's weight rows (a GEMV task that starts with the
+    split-KV combine) that the CUDA kernel copies into shared memory while the task before it
+    runs (one bulk copy a matrix: from the staged attention once its own loads are issued, else
+    when that task ends), so the o tile's GEMV reads them from there (lower._preload, NOTES
+    v11). 0 = off; at most 65536 (the area at the top of shared memory); default 65536. Only
+    with the ring area free (no AMK_GEMV_RING / AMK_GEMV_PIPE, one CTA an SM)."""
     n = _int("AMK_PRELOAD", 65536)
     if not 0 <= n <= 65536 or n % 16:
         raise ValueError(f"AMK_PRELOAD={n}: expected a multiple of 16 in 0..65536")

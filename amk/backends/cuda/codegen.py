@@ -29,7 +29,7 @@ RING_OFF = max(GEMV_SMEM, ATTN_SMEM)   # then the weight stream's stages or the 
 STREAM_WIN = 128                 # stream entries per half of the smem window (16 B each)
 WIN_OFF = RING_OFF + RING_BYTES
 SMEM_BYTES = WIN_OFF + 2 * STREAM_WIN * 16        # 196 KiB of the 227 KiB a CTA may have
-PRE_OFF = SMEM_BYTES - 65536     # lower._preload's rows: the top 64 KiB (ring area free only)
+PRE_OFF = SMEM_BYTES - 65536     # lower._preload's o-tile rows: the top 64 KiB (ring area free)
 
 
 def launch_shape(ctas_per_sm: int) -> tuple[int, int]:

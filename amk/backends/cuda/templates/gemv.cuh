@@ -240,8 +240,8 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
 // 3 (ARGMAX, NMAT == 1, lower._argmax_folds): as 0, and the tile's argmax over the values it
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
-// PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF right after
-// the task's wait (lower._preload): items within them read from there once the copy lands.
+// PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF while the
+// task before ran (lower._preload): items within them read from there once the copy has landed.
 // P: x, W_1..W_NMAT, [bias], [residual], then the outputs.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {

@@ -10,9 +10,11 @@
 // with a release add after the CTA barrier. Descriptors are double-buffered in shared memory:
 // the NEXT task's TaskDesc is copied (cp.async) before this task's wait, its pointers and
 // FUSED step descriptors right after this task ends (three slots measured slower, NOTES v10);
-// the queue's task ids are in shared memory. Counters are monotonic: wait i needs counter >=
-// threshold + epoch * stride, epoch = steps completed, advanced by the last CTA out. Counter i
-// lives at word i * AMK_CSTRIDE.
+// the queue's task ids are in shared memory. A task whose descriptor has n_pre copies the NEXT
+// task's first weight rows into shared memory (AMK_PRE, lower._preload): thread 0 issues them
+// from the staged attention once its own loads are out, else when the task ends. Counters are
+// monotonic: wait i needs counter >= threshold + epoch * stride, epoch = steps completed,
+// advanced by the last CTA out. Counter i lives at word i * AMK_CSTRIDE.
 
 #define MAX_PTRS $max_ptrs
 #define SLOT_SUBS 8          // FUSED steps whose descriptors a slot holds
