@@ -18,9 +18,9 @@ every shard inherits the new inputs.
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import resync, without_gc
+from amk.passes.sync import regions_of, resync, without_gc
 from amk.program.ir import InstructionKind as K, Program, Task
-from amk.program.regions import NEW_KV, task_regions
+from amk.program.regions import NEW_KV
 
 
 def _plain_append(t: Task, bufs) -> bool:
@@ -44,7 +44,7 @@ def defer_kv_append(program: Program, opts: PassOptions | None = None) -> Progra
         return program
     bufs = program.buffers
     tasks = list(program.tasks)
-    regions = [task_regions(t, bufs) for t in tasks]
+    regions = [regions_of(t, bufs) for t in tasks]
     last_append: dict[int, int] = {}        # cache buffer -> index of its latest plain append
     plans: dict[tuple[int, int], list[int]] = {}   # (k append, v append) -> attention indices
     for i, t in enumerate(tasks):

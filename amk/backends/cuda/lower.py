@@ -292,7 +292,7 @@ def _first_round_prefetch(w: View, n_off: int, n_tile: int, row_bytes: int, nv: 
     e.prefetch.append((w.ref, n_off * row_bytes, rows * row_bytes))
 
 
-def _preload(steps) -> list[tuple[tuple[int, int], int, int]]:
+def _preload(steps) -> tuple[list[tuple[tuple[int, int], int, int]], Encoded | None]:
     """The weight ranges of a task that starts with a split-KV combine (the o projection) that
     the CTA copies into shared memory while the task before it in the queue runs: from the
     staged attention right after it has issued its own loads (op_attention_smem), else when
@@ -301,26 +301,43 @@ def _preload(steps) -> list[tuple[tuple[int, int], int, int]]:
     at the task's start delays the combine's loads behind it: NOTES v11). They are the first PRE
     rows of each matrix of the task's op_gemv_direct step (as many as AMK_PRELOAD bytes hold;
     whole row pairs for one matrix), which reads them from shared memory (ip PRE). Only with the
-    ring area free (the preload area is its top)."""
+    ring area free (the preload area is its top). -> (the ranges, that GEMV step) or ([], None)."""
     cap = knobs.preload_bytes()
     if (not cap or knobs.ctas_per_sm() != 1 or knobs.gemv_ring() or knobs.gemv_pipe()[0]
             or not steps or steps[0][0].op != int(K.ATTENTION_COMBINE)):
-        return []
-    for enc, args, _ in steps:
-        if enc.direct is None:
-            continue
-        ws = args[1:1 + enc.direct["nmat"]]
-        if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
-            return []
-        rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
-        pr = min(n_tile, cap // (len(ws) * rb))
-        if len(ws) == 1 and pr < n_tile:
-            pr -= pr % 2
-        if pr <= 0:
-            return []
-        enc.ip = dict(enc.ip, PRE=pr)
-        return [(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws]
-    return []
+        return [], None
+    enc, args = next(((e, a) for e, a, _ in steps if e.direct is not None), (None, None))
+    if enc is None:
+        return [], None
+    ws = args[1:1 + enc.direct["nmat"]]
+    if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
+        return [], None
+    rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
+    pr = min(n_tile, cap // (len(ws) * rb))
+    if len(ws) == 1 and pr < n_tile:
+        pr -= pr % 2
+    if pr <= 0:
+        return [], None
+    enc.ip = dict(enc.ip, PRE=pr)         # its own: _attach_preloads may reset it
+    return [(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws], enc
+
+
+def _attach_preloads(queues, pre_of, rows, ranges) -> None:
+    """Give each preload to the task before its task in the queue (n_pre ranges right after that
+    task's own prefetch ranges); a task first in its queue has nobody to copy its rows: no
+    preload (PRE = 0)."""
+    for q in queues:
+        for k, j in enumerate(q):
+            if j not in pre_of:
+                continue
+            pre, gemv = pre_of[j]
+            if k == 0:
+                gemv.ip["PRE"] = 0
+                continue
+            d = rows[q[k - 1]]
+            own = ranges[d["pf_begin"]:d["pf_begin"] + d["n_pf"]]
+            d["pf_begin"], d["n_pre"] = len(ranges), len(pre)
+            ranges.extend(own + pre)
 
 
 def _direct_call(a: dict[str, Any]) -> str:
@@ -1045,9 +1062,9 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         if t.op != K.FUSED:
             steps = [(encode_op(t, t.op, ins, outs, t.params), ins, outs)]
         steps = argmax.steps(t, steps, outs)
-        pre = _preload(steps)
+        pre, gemv = _preload(steps)
         if pre:
-            pre_of[t.id] = (pre, next(enc for enc, _, _ in steps if enc.ip.get("PRE")))
+            pre_of[t.id] = (pre, gemv)
         one = (len(steps) == 1 and not zero       # folded into one instruction: a plain task
                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2]))
         if t.op == K.FUSED and not one:
@@ -1084,18 +1101,7 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         rows.append(d)
 
     queues = _queues(program, n_ctas)
-    for q in queues:                      # the task before one with a preload copies its rows
-        for k, j in enumerate(q):
-            if j not in pre_of:
-                continue
-            pre, gemv = pre_of[j]
-            if k == 0:                        # first in its queue: nothing runs before it
-                gemv.ip["PRE"] = 0
-                continue
-            d = rows[q[k - 1]]                # its prefetch ranges, then the preload right after
-            own = ranges[d["pf_begin"]:d["pf_begin"] + d["n_pf"]]
-            d["pf_begin"], d["n_pre"] = len(ranges), len(pre)
-            ranges.extend(own + pre)
+    _attach_preloads(queues, pre_of, rows, ranges)
     n_prog = len(rows)
     for s in subs:
         s["wait_begin"], s["n_waits"], s["out_counter"] = 0, 0, -1
