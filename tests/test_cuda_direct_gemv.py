@@ -33,7 +33,7 @@ def test_float_batch1_gemvs_take_the_direct_gemv_and_others_do_not():
     assert not any("op_gemv_direct" in v for v in _variants("gemv_i4_k256_g64"))
 
 
-def _gate_up_steps(swap: bool):
+def _gate_up_task(swap: bool):
     case = examples.gate_up_case()
     prog = copy.deepcopy(case.program)
     if swap:               # silu_mul(second tile, first tile): silu applies to w_up's tile
@@ -41,22 +41,43 @@ def _gate_up_steps(swap: bool):
         silu["args"] = silu["args"][::-1]
     low = lower_program(prog)
     d = low.tasks[0]
-    subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
-    refs = [tuple(r) for r in low.ptr_refs[int(subs[-1]["ptr_begin"]):][:int(subs[-1]["n_in"])]]
+    refs = [tuple(r) for r in low.ptr_refs[int(d["ptr_begin"]):][:int(d["n_in"] + d["n_out"])]]
     names = {b.id: b.name for b in prog.buffers}
-    return low, subs, [names[i] if k == 0 else "scratch" for k, i in refs]
+    return low, d, [names[i] if k == 0 else "scratch" for k, i in refs]
 
 
 @pytest.mark.parametrize("swap", [False, True])
-def test_gate_up_and_their_silu_become_one_gemv_of_two_matrices(swap):
-    low, subs, ins = _gate_up_steps(swap)
-    assert [int(s["op"]) for s in subs] == [int(K.RMSNORM), int(K.GEMV_TILE)]
-    g = subs[1]
-    assert int(g["ip"][abi.ip_index("GEMV", "XS_READY")]) == 1
-    assert (int(g["n_in"]), int(g["n_out"])) == (3, 1)          # x, W_gate, W_up -> silu(g) * u
-    assert "op_gemv_direct<bf16, bf16, bf16, float, 2, 2, false, float, bf16>(AMK_ARGS)" in low.variants
+def test_gate_up_their_silu_and_the_norm_become_one_gemv_of_two_matrices(swap):
+    """norm, gate, up, silu_mul: one op_gemv_direct task (no FUSED steps) that normalises x
+    itself (lower._norm_into_gemv) and applies silu to the right matrix's sums."""
+    low, d, ptrs = _gate_up_task(swap)
+    assert int(d["op"]) == int(K.GEMV_TILE) and int(d["n_sub"]) == 0
+    assert int(d["ip"][abi.ip_index("GEMV", "XS_READY")]) == 0
+    assert float(d["fp"][abi.fp_index("GEMV", "EPS")]) > 0
+    assert (int(d["n_in"]), int(d["n_out"])) == (4, 1)       # x, W_gate, W_up, norm weight -> y
+    assert low.variants == ["op_gemv_direct<bf16, bf16, bf16, float, 2, 2, false, float, bf16, "
+                            "true, bf16, bf16>(AMK_ARGS)"]
     # the matrix silu is applied to comes first, whichever GEMV step computed it
-    assert ins[1:] == (["w_up", "w_gate"] if swap else ["w_gate", "w_up"])
+    assert ptrs == (["x", "w_up", "w_gate", "norm_w", "y"] if swap else ["x", "w_gate", "w_up", "norm_w", "y"])
+
+
+def test_a_norm_whose_gemv_adds_a_residual_stays_a_step():
+    """_norm_into_gemv never meets the ADD epilogue (its residual is the last input, where the
+    norm's weight would go): a norm before an o-style GEMV + ADD stays its own FUSED step."""
+    from amk.backends.cuda.lower import _norm_into_gemv, Encoded, View, REF_SCRATCH, REF_BUFFER
+    from amk.program.ir import DType
+    v = lambda ref: View((1, 64), DType.BF16, ref)        # noqa: E731
+    norm = Encoded(int(K.RMSNORM), "op_rmsnorm<bf16, bf16, bf16>(AMK_ARGS)", group="NORM",
+                   ip=dict(ROWS=1, H=64, TO_SMEM=1), fp=dict(EPS=1e-5))
+    tmpl = dict(tx="bf16", tw="bf16", ty="bf16", ts="float", nmat=1, epi=1, bias=False, tr="bf16", to="bf16")
+    gemv = Encoded(int(K.GEMV_TILE), "op_gemv_direct<...>", group="GEMV", ip=dict(XS_READY=1), direct=tmpl)
+    x, w, s, r = v((REF_BUFFER, 0)), v((REF_BUFFER, 1)), v((REF_SCRATCH, 0)), v((REF_BUFFER, 3))
+    steps = [(norm, [x, w], [s]), (gemv, [s, v((REF_BUFFER, 2)), r], [v((REF_BUFFER, 4))])]
+    assert len(_norm_into_gemv(steps)) == 2
+    tmpl["epi"] = 0
+    (e, args, _), = _norm_into_gemv(steps)
+    assert e.direct["norm"] and e.ip["XS_READY"] == 0 and e.fp["EPS"] == 1e-5
+    assert [a.ref for a in args] == [x.ref, (REF_BUFFER, 2), r.ref, w.ref]
 
 
 def test_the_direct_gemv_compiles_without_spills(tmp_path, monkeypatch):

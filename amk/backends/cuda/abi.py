@@ -80,6 +80,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # ARG_SLOT: op_gemv_direct EPI 3 writes its tile's argmax partial to slot ARG_SLOT of its
     # second output (lower._argmax_folds)
     # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (lower._preload)
+    # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, lower._norm_into_gemv)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY",
              "PIPE", "NMAT", "NV", "RB", "ARG_SLOT", "PRE"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
@@ -100,7 +101,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "RED": ("N",),
 }
 FP_SLOTS: dict[str, tuple[str, ...]] = {
-    "EW": ("SCALE",), "NORM": ("EPS",), "ROPE": ("THETA",), "ATTN": ("SCALE", "THETA"), "KV": ("THETA",),
+    "EW": ("SCALE",), "NORM": ("EPS",), "GEMV": ("EPS",), "ROPE": ("THETA",), "ATTN": ("SCALE", "THETA"), "KV": ("THETA",),
 }
 EW_KINDS = ("COPY", "ADD", "MUL", "MULS", "SILU_MUL", "GELU")
 

@@ -32,6 +32,7 @@ FLOATS = (DType.F32, DType.F16, DType.BF16)
 XS_MAX = 16384          # floats of x a GEMV stages in shared memory (64 KiB); K must fit
 RING_BYTES = 131072     # smem of the weight stream's stages (knobs.gemv_ring_shape) or the pipe's
 HD_MAX = 256            # largest attention head_dim the templates handle
+RMS_RN = 8              # row elements a thread of rms_row holds (ops_simple.cuh RMS_RN)
 SCRATCH_ALIGN = 256
 
 REF_BUFFER, REF_SCRATCH = 0, 1
@@ -341,8 +342,9 @@ def _attach_preloads(queues, pre_of, rows, ranges) -> None:
 
 
 def _direct_call(a: dict[str, Any]) -> str:
+    norm = f", true, {a['nx']}, {a['nw']}" if a.get("norm") else ""
     return (f"op_gemv_direct<{a['tx']}, {a['tw']}, {a['ty']}, {a['ts']}, {a['nmat']}, {a['epi']}, "
-            f"{_b(a['bias'])}, {a['tr']}, {a['to']}>(AMK_ARGS)")
+            f"{_b(a['bias'])}, {a['tr']}, {a['to']}{norm}>(AMK_ARGS)")
 
 
 def _direct_fits(Kd: int, n_tile: int, nv: int) -> bool:
@@ -647,7 +649,7 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
     in_smem = {outs[0].ref for enc, _, outs in steps if enc.ip.get("TO_SMEM")}
     zero = [(o, n) for o, n in zero if (REF_SCRATCH, o) not in in_smem]   # never in global memory
     steps = _rope_into_append(_rope_into_attention(_k_rope_into_attention(steps)))
-    return _fold_add(_pair_gemvs(_pair_pipe_gemvs(steps))), zero, off - scratch_base
+    return _norm_into_gemv(_fold_add(_pair_gemvs(_pair_pipe_gemvs(steps)))), zero, off - scratch_base
 
 
 _EW_OPS = {int(K.COPY), int(K.ADD), int(K.MUL), int(K.SILU_MUL), int(K.GELU)}
@@ -928,6 +930,30 @@ def _fold_add(steps):
                                                  f"{_ft(None, ao[0].dtype)}>(AMK_ARGS)")
         e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, g.prefetch + a.prefetch, direct=tmpl)
         return e, ga + [res], [ao[0]]
+    return _fold_windows(steps, 2, fold)
+
+
+def _norm_into_gemv(steps):
+    """A one-row RMSNorm into the GEMVs' shared-memory x (TO_SMEM) and the op_gemv_direct right
+    after it: one op_gemv_direct (NORM) that normalises x itself (rms_row, the same bits), so
+    the task is one step, not a FUSED pair (the step boundary cost ~1 us a task on an H200:
+    q/k/v and gate/up tasks, NOTES v12). Its args: the norm's input row in place of x, the
+    norm's weight appended last (never with the ADD epilogue, whose residual is last); the
+    GEMVs after it still read x from shared memory. Runs after _fold_add."""
+    from amk.backends.cuda.codegen import launch_shape
+    nt = launch_shape(knobs.ctas_per_sm())[0]
+
+    def fold(window, later):
+        (n, na, no), (g, ga, go) = window
+        if not (n.op == int(K.RMSNORM) and n.ip.get("TO_SMEM") and n.ip["ROWS"] == 1
+                and n.ip["H"] <= RMS_RN * nt and g.direct is not None and g.ip.get("XS_READY")
+                and g.direct["epi"] != 1 and not g.direct.get("norm") and ga[0].ref == no[0].ref
+                and na[0].dtype in FLOATS and na[1].dtype in FLOATS):
+            return None
+        tmpl = dict(g.direct, norm=True, nx=_ft(None, na[0].dtype), nw=_ft(None, na[1].dtype))
+        e = Encoded(g.op, _direct_call(tmpl), dict(g.ip, XS_READY=0), dict(g.fp, EPS=n.fp["EPS"]),
+                    g.group, n.prefetch + g.prefetch, direct=tmpl)
+        return e, [na[0]] + ga[1:] + [na[1]], go
     return _fold_windows(steps, 2, fold)
 
 

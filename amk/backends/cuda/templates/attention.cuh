@@ -211,6 +211,24 @@ __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base
   cp_async_commit();
 }
 
+// op_attention_smem's shared memory: qs [hg][hd], the new rows [2][hd], scores [hg][cr],
+// probabilities [cr][hgp], then K [cr][krs] at byte ks and V [cr][vrs] at byte vs: cr positions
+// a chunk, as many as fit below AREA (the work area + the ring area when free, below the next
+// task's preload, AMK_PRE_OFF). Rows are padded by 16 bytes (conflict-free 16-byte row reads).
+struct AttnLayout { int cr, krs, vrs, ks, vs; };
+__device__ __forceinline__ AttnLayout attn_layout(int hd, int kes, int ves, int hg) {
+  constexpr int AREA = AMK_PRE && AMK_PRE_OFF < AMK_RING_OFF + AMK_FREE_RING ? AMK_PRE_OFF : AMK_RING_OFF + AMK_FREE_RING;
+  const int hgp = (hg + 3) & ~3;
+  AttnLayout L;
+  L.krs = hd * kes + 16; L.vrs = hd * ves + 16;
+  int cr = (AREA - (hg + 2) * hd * 4) / ((hg + hgp) * 4 + L.krs + L.vrs);
+  if (cr > NT) cr = NT;
+  L.cr = cr & ~3;
+  L.ks = ((hg + 2) * hd + (hg + hgp) * L.cr) * 4;
+  L.vs = L.ks + L.cr * L.krs;
+  return L;
+}
+
 // qs[0:n) = heads of q (fp32), rotated at position p when the descriptor says Q_ROPE; and when
 // kn (NEW_KV's new k row of the kv head, and vn its v row), nrow[0:2 hd) = those rows as the
 // cache stores them, k rotated first when K_ROPE. One loop: one inlined sin/cos (a second copy
@@ -271,20 +289,16 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   if (hi0 > max_seq) hi0 = max_seq;
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
-  const int krs = hd * (int)sizeof(TK) + 16, vrs = hd * (int)sizeof(TV) + 16;   // padded rows
+  const AttnLayout L = attn_layout(hd, (int)sizeof(TK), (int)sizeof(TV), HG);
+  const int krs = L.krs, vrs = L.vrs, CR = L.cr;
   const int tid = threadIdx.x, hd2 = hd / 2, PG = NT / hd2, d2 = tid % hd2, pg = tid / hd2;
   float* qs = (float*)smem;                                  // [HG][hd]
   float* nrow = qs + HG * hd;                                // NEW_KV: the new k, v rows [2][hd]
   const int red_f = PG * HG * hd;                            // [PG][HG][hd] partial P.V sums
-  // the work area + the ring area when free, below the next task's preload (AMK_PRE_OFF)
-  constexpr int AREA = AMK_PRE && AMK_PRE_OFF < AMK_RING_OFF + AMK_FREE_RING ? AMK_PRE_OFF : AMK_RING_OFF + AMK_FREE_RING;
-  int CR = (AREA - (HG + 2) * hd * 4) / ((HG + HGP) * 4 + krs + vrs);
-  if (CR > NT) CR = NT;
-  CR &= ~3;
   float* sc = nrow + 2 * hd;                                 // [HG][CR] scores
   float* pt = sc + HG * CR;                                  // [CR][HGP] probabilities
-  char* ks = (char*)(pt + HGP * CR);                         // [CR][krs]
-  char* vs = ks + CR * krs;                                  // [CR][vrs]
+  char* ks = smem + L.ks;                                    // [CR][krs]
+  char* vs = smem + L.vs;                                    // [CR][vrs]
   float* red = (CR * (krs + vrs) >= red_f * 4) ? (float*)ks : (float*)(vs + CR * vrs);   // after the last chunk
   __shared__ float m_run[HG], l_run[HG], alpha[HG];
   constexpr int KV = VecN<TK>::N;

@@ -242,8 +242,11 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
 // PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF while the
 // task before ran (lower._preload): items within them read from there once the copy has landed.
-// P: x, W_1..W_NMAT, [bias], [residual], then the outputs.
-template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY>
+// NORM (lower._norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
+// (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
+// P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
+template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
+          bool NORM = false, class NX = float, class NW = float>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   constexpr int GU = 8;
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
@@ -258,9 +261,10 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   // ADD: the residual of this thread's output loaded now, with x, not after the sums
   const bool res_early = EPI == 1 && n_tile <= NT;
   const float rv = res_early && threadIdx.x < n_tile ? to_f(res[n_off + threadIdx.x]) : 0.f;
-  if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
-  __syncthreads();
   const int pr = AMK_PRE ? d.ip[P_GEMV_PRE] : 0;
+  if (NORM) rms_row<NX, NW, TX>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
+  else if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
+  __syncthreads();
   for (int it = warp; it < items; it += NWARPS) {
     uint4 wv[2][GU];
     const int last = NMAT == 2 ? it / nseg : 2 * (it / nseg) + 1;     // the item's last row

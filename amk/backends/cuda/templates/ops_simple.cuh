@@ -40,6 +40,33 @@ __device__ __noinline__ void op_allreduce(AMK_PARAMS) {
   }
 }
 
+// One row of H <= RMS_RN * NT elements, x and w in registers (one round trip, not three):
+// out = round_TY((x * rsqrt(mean(x^2) + eps)) * w), to xs (fp32) when xs, else to y. Also the
+// norm op_gemv_direct runs itself (NORM, lower._norm_into_gemv): the same bits either way.
+constexpr int RMS_RN = 8;
+template <class TX, class TW, class TY>
+__device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float eps, float* xs, TY* y) {
+  float xv[RMS_RN], wv[RMS_RN], ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < RMS_RN; k++) {
+    const int i = threadIdx.x + k * NT;
+    xv[k] = i < H ? to_f(xr[i]) : 0.f;
+    wv[k] = i < H ? to_f(w[i]) : 0.f;
+  }
+#pragma unroll
+  for (int k = 0; k < RMS_RN; k++) ss += xv[k] * xv[k];     // the loop below's order: same bits
+  ss = block_sum(ss);
+  const float rs = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+  for (int k = 0; k < RMS_RN; k++) {
+    const int i = threadIdx.x + k * NT;
+    if (i < H) {
+      const TY o = from_f<TY>((xv[k] * rs) * wv[k]);
+      if (xs) xs[i] = to_f(o); else y[i] = o;
+    }
+  }
+}
+
 // TO_SMEM (one row, lower._norm_into_smem): the normalised row goes, rounded through TY, into
 // the next GEMVs' fp32 x staging area at smem[0] instead of y.
 template <class TX, class TW, class TY>
@@ -48,30 +75,8 @@ __device__ __noinline__ void op_rmsnorm(AMK_PARAMS) {
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1]; TY* y = (TY*)P[d.n_in];
   const bool to_smem = d.ip[P_NORM_TO_SMEM] != 0; float* xs = (float*)smem;   // see TO_SMEM
-  constexpr int RN = 8;
-  if (H <= RN * NT) {              // the row's x and w in registers: one round trip, not three
-    for (int r = 0; r < R; r++) {
-      const TX* xr = x + (long long)r * H;
-      float xv[RN], wv[RN], ss = 0.f;
-#pragma unroll
-      for (int k = 0; k < RN; k++) {
-        const int i = threadIdx.x + k * NT;
-        xv[k] = i < H ? to_f(xr[i]) : 0.f;
-        wv[k] = i < H ? to_f(w[i]) : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < RN; k++) ss += xv[k] * xv[k];     // the loop below's order: same bits
-      ss = block_sum(ss);
-      const float rs = rsqrtf(ss / (float)H + eps);
-#pragma unroll
-      for (int k = 0; k < RN; k++) {
-        const int i = threadIdx.x + k * NT;
-        if (i < H) {
-          const TY o = from_f<TY>((xv[k] * rs) * wv[k]);
-          if (to_smem) xs[i] = to_f(o); else y[(long long)r * H + i] = o;
-        }
-      }
-    }
+  if (H <= RMS_RN * NT) {
+    for (int r = 0; r < R; r++) rms_row<TX, TW, TY>(x + (long long)r * H, w, H, eps, to_smem ? xs : nullptr, y + (long long)r * H);
     return;
   }
   for (int r = 0; r < R; r++) {
