@@ -63,21 +63,30 @@ def test_gate_up_their_silu_and_the_norm_become_one_gemv_of_two_matrices(swap):
 
 def test_a_norm_whose_gemv_adds_a_residual_stays_a_step():
     """_norm_into_gemv never meets the ADD epilogue (its residual is the last input, where the
-    norm's weight would go): a norm before an o-style GEMV + ADD stays its own FUSED step."""
+    norm's weight would go): a norm before an o-style GEMV + ADD stays its own FUSED step; the
+    same GEMV without the ADD takes the norm in."""
     from amk.backends.cuda.lower import _norm_into_gemv, Encoded, View, REF_SCRATCH, REF_BUFFER
     from amk.program.ir import DType
-    v = lambda ref: View((1, 64), DType.BF16, ref)        # noqa: E731
-    norm = Encoded(int(K.RMSNORM), "op_rmsnorm<bf16, bf16, bf16>(AMK_ARGS)", group="NORM",
-                   ip=dict(ROWS=1, H=64, TO_SMEM=1), fp=dict(EPS=1e-5))
-    tmpl = dict(tx="bf16", tw="bf16", ty="bf16", ts="float", nmat=1, epi=1, bias=False, tr="bf16", to="bf16")
-    gemv = Encoded(int(K.GEMV_TILE), "op_gemv_direct<...>", group="GEMV", ip=dict(XS_READY=1), direct=tmpl)
-    x, w, s, r = v((REF_BUFFER, 0)), v((REF_BUFFER, 1)), v((REF_SCRATCH, 0)), v((REF_BUFFER, 3))
-    steps = [(norm, [x, w], [s]), (gemv, [s, v((REF_BUFFER, 2)), r], [v((REF_BUFFER, 4))])]
-    assert len(_norm_into_gemv(steps)) == 2
-    tmpl["epi"] = 0
-    (e, args, _), = _norm_into_gemv(steps)
+
+    def v(ref):
+        return View((1, 64), DType.BF16, ref)
+    x, w, s, wo, r, y = (v((REF_BUFFER, 0)), v((REF_BUFFER, 1)), v((REF_SCRATCH, 0)),
+                         v((REF_BUFFER, 2)), v((REF_BUFFER, 3)), v((REF_BUFFER, 4)))
+
+    def steps(epi):
+        norm = Encoded(int(K.RMSNORM), "op_rmsnorm<bf16, bf16, bf16>(AMK_ARGS)", group="NORM",
+                       ip=dict(ROWS=1, H=64, TO_SMEM=1), fp=dict(EPS=1e-5))
+        tmpl = dict(tx="bf16", tw="bf16", ty="bf16", ts="float", nmat=1, epi=epi, bias=False,
+                    tr="bf16", to="bf16")
+        gemv = Encoded(int(K.GEMV_TILE), "op_gemv_direct<...>", group="GEMV", ip=dict(XS_READY=1),
+                       direct=tmpl)
+        return [(norm, [x, w], [s]), (gemv, [s, wo, r] if epi == 1 else [s, wo], [y])]
+
+    assert len(_norm_into_gemv(steps(1))) == 2
+    (e, args, outs), = _norm_into_gemv(steps(0))
     assert e.direct["norm"] and e.ip["XS_READY"] == 0 and e.fp["EPS"] == 1e-5
-    assert [a.ref for a in args] == [x.ref, (REF_BUFFER, 2), r.ref, w.ref]
+    assert [a.ref for a in args] == [x.ref, wo.ref, w.ref] and outs == [y]
+    assert e.call.endswith(", true, bf16, bf16>(AMK_ARGS)")
 
 
 def test_the_direct_gemv_compiles_without_spills(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from string import Template
 
 from amk.program.ir import Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.lower import RING_BYTES, Lowered
+from amk.backends.cuda.lower import RING_BYTES, RMS_RN, Lowered
 from amk.backends.cuda.lowered_cache import lower_program_cached
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
@@ -88,7 +88,8 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_SPIN_NS {knobs.spin_ns()}\n#define AMK_CSTRIDE {knobs.counter_stride()}\n"
              f"#define AMK_PF {int(any(t['n_pf'] for t in low.tasks))}\n"
              f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n"
-             f"#define AMK_PRE {int(any(t['n_pre'] for t in low.tasks))}\n#define AMK_PRE_OFF {PRE_OFF}\n",
+             f"#define AMK_PRE {int(any(t['n_pre'] for t in low.tasks))}\n#define AMK_PRE_OFF {PRE_OFF}\n"
+             f"#define AMK_RMS_RN {RMS_RN}\n",
              abi.render_header()]
     if knobs.profile():
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n")

@@ -32,7 +32,7 @@ FLOATS = (DType.F32, DType.F16, DType.BF16)
 XS_MAX = 16384          # floats of x a GEMV stages in shared memory (64 KiB); K must fit
 RING_BYTES = 131072     # smem of the weight stream's stages (knobs.gemv_ring_shape) or the pipe's
 HD_MAX = 256            # largest attention head_dim the templates handle
-RMS_RN = 8              # row elements a thread of rms_row holds (ops_simple.cuh RMS_RN)
+RMS_RN = 8              # row elements a thread of rms_row holds (the kernel's AMK_RMS_RN)
 SCRATCH_ALIGN = 256
 
 REF_BUFFER, REF_SCRATCH = 0, 1

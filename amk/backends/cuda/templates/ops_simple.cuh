@@ -43,7 +43,7 @@ __device__ __noinline__ void op_allreduce(AMK_PARAMS) {
 // One row of H <= RMS_RN * NT elements, x and w in registers (one round trip, not three):
 // out = round_TY((x * rsqrt(mean(x^2) + eps)) * w), to xs (fp32) when xs, else to y. Also the
 // norm op_gemv_direct runs itself (NORM, lower._norm_into_gemv): the same bits either way.
-constexpr int RMS_RN = 8;
+constexpr int RMS_RN = AMK_RMS_RN;     // lower.RMS_RN: _norm_into_gemv folds rows this fits
 template <class TX, class TW, class TY>
 __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float eps, float* xs, TY* y) {
   float xv[RMS_RN], wv[RMS_RN], ss = 0.f;
