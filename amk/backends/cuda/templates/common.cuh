@@ -233,6 +233,11 @@ __device__ __forceinline__ void bulk_g2s(const void* dst, unsigned long long src
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(b)) : "memory");
 }
+// The split-KV combine's bulk copies of its partials (op_combine): the barrier completes once per
+// use; amk_comb_uses counts the completed uses (the next completes phase parity amk_comb_uses & 1).
+// op_combine reads it on entry and thread 0 counts the use once every thread has waited.
+__shared__ __align__(8) unsigned long long amk_comb_bar;
+__shared__ unsigned amk_comb_uses;
 // Thread 0: issue the pending preload, once (the staged attention calls it after its own loads
 // are issued; the scheduler when the task ends).
 __device__ __forceinline__ void preload_next(char* smem) {

@@ -301,8 +301,8 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
 // Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
-// (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory by 16-byte
-// cp.async, one round trip for the whole combine (NOTES v9); then a thread merges 4 consecutive
+// (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
+// copy a partial, one round trip for the whole combine (NOTES v9, v13b); then a thread merges 4 consecutive
 // outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
 // rows may be landing above it (lower._preload).
 template <class TP, class TO>
@@ -319,13 +319,17 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
     char* st = smem + AMK_RING_OFF;
-    for (int i = threadIdx.x; i < np * span; i += NT) {
-      const int p = i / span, v = i - p * span;
-      cp_async16(st + (long long)i * 16, (const char*)P[p] + (v0 + v) * 16);
+    const unsigned ph = amk_comb_uses;
+    if (threadIdx.x < 32) {                       // one bulk copy a partial
+      if (threadIdx.x == 0) mbar_expect_tx(&amk_comb_bar, (unsigned)(np * span * 16));
+      __syncwarp();
+      for (int p = threadIdx.x; p < np; p += 32)
+        bulk_g2s(st + (long long)p * span * 16, (unsigned long long)((const char*)P[p] + v0 * 16), (unsigned)(span * 16),
+                 &amk_comb_bar);
     }
-    cp_async_commit();
-    cp_async_wait<0>();
+    mbar_wait(&amk_comb_bar, ph & 1u);
     __syncthreads();
+    if (threadIdx.x == 0) amk_comb_uses = ph + 1;
     for (int i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * NT) {
       const int r = i0, h = h0 + r / hd, dd = r % hd;
       float mx = -__int_as_float(0x7f800000);

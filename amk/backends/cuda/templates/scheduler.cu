@@ -100,7 +100,9 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
 }
 
 extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel(const __grid_constant__ KernelArgs A) {
-  extern __shared__ __align__(16) char smem[];
+  // 1024-byte aligned: it follows the static variables, and with 272 more bytes of them (128-byte
+  // aligned before by chance, then 16) the split-KV combine took 2 us longer a layer (NOTES v13a)
+  extern __shared__ __align__(1024) char smem[];
   __shared__ TaskDesc s_task[2], s_sub;
   __shared__ TaskDesc s_subs[2][SLOT_SUBS];
   __shared__ __align__(8) void* s_ptrs[2][SLOT_PTRS];
@@ -125,6 +127,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     for (int s = 0; s < AMK_RING_STAGES; s++) mbar_init(&amk_full[s], 1);
     mbar_init(&amk_winbar[0], 1); mbar_init(&amk_winbar[1], 1);
     mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
+    mbar_init(&amk_comb_bar, 1); amk_comb_uses = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
     if (amk_ss.n > 0) stream_win_request(smem, 0);
   }
