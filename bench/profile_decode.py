@@ -2,7 +2,8 @@
 
 Builds the cuda step with AMK_PROFILE=1 (each CTA records %globaltimer at every task's wait
 start, wait end and end), runs a few warm steps, and prints from the last one:
-  * per task kind: count, wait and run time (sum over CTAs, mean per task), bytes per run us;
+  * per task kind: count, wait and run time (sum over CTAs, mean per task), bytes per run us,
+    the FUSED steps' times and the intervals between a plain task's AMK_MARK points;
   * per SM: busy (run) time, waiting time, idle tail;
   * the stage timeline of one middle layer (first run start .. last end of each stage);
   * the span of the whole step.
@@ -53,8 +54,9 @@ def task_layer(task, bufs) -> int:
     return -1
 
 
-def summarise(prog, rows, steps: dict | None = None) -> dict:
-    """rows: CudaProgram.profile(); steps: CudaProgram.profile_steps() (FUSED step starts)."""
+def summarise(prog, rows, steps: dict | None = None, marks: dict | None = None) -> dict:
+    """rows: CudaProgram.profile(); steps: CudaProgram.profile_steps() (FUSED step starts);
+    marks: CudaProgram.profile_marks() (AMK_MARK points inside plain tasks)."""
     bufs, tasks = prog.buffers, prog.tasks
     t0 = min(r[2] for r in rows)
     t_end = max(r[4] for r in rows)
@@ -69,6 +71,12 @@ def summarise(prog, rows, steps: dict | None = None) -> dict:
         d["wait_us"] += (w1 - w0) / 1e3
         d["run_us"] += (e - w1) / 1e3
         d["bytes"] += task_cost(t, bufs).bytes
+        mk = (marks or {}).get(tid)
+        if mk:                                 # wait end -> each mark -> end: us summed
+            pts = [("w", w1)] + [(str(j), v) for j, v in mk] + [("e", e)]
+            md = d.setdefault("marks", {})
+            for (a, ta), (b, tb) in zip(pts, pts[1:]):
+                md[f"{a}>{b}"] = md.get(f"{a}>{b}", 0.0) + (tb - ta) / 1e3
         st = (steps or {}).get(tid)
         if st:                                 # per lowered step: us summed over the kind's tasks
             ends = [s for _, s in st[1:]] + [e]
@@ -96,12 +104,17 @@ def run_profiled(step, args, steps: int):
         exe.run(bindings)
     rows = exe.profile()
     prog = step.lower(*args).program
-    return exe, bindings, prog, rows, summarise(prog, rows, exe.profile_steps())
+    return exe, bindings, prog, rows, summarise(prog, rows, exe.profile_steps(), exe.profile_marks())
 
 
 def steps_line(d: dict) -> str:
     """A kind's FUSED steps, mean us a task each."""
     return "steps us/task: " + ", ".join(f"{k} {v / d['n']:.2f}" for k, v in d["steps"].items())
+
+
+def marks_line(d: dict) -> str:
+    """A kind's AMK_MARK intervals (w: wait end, e: task end), mean us a task each."""
+    return "marks us/task: " + ", ".join(f"{k} {v / d['n']:.2f}" for k, v in d["marks"].items())
 
 
 def print_summary(s: dict, mid_layer: int) -> None:
@@ -115,6 +128,8 @@ def print_summary(s: dict, mid_layer: int) -> None:
               f"{d['run_us'] / n:>9.2f} {d['wait_us'] / n:>9.2f} {gbs:>8.1f}")
         if d.get("steps"):
             print(" " * 30 + steps_line(d))
+        if d.get("marks"):
+            print(" " * 30 + marks_line(d))
     runs = sorted(c["run"] for c in s["per_cta"].values())
     waits = sorted(c["wait"] for c in s["per_cta"].values())
     ends = sorted(c["end"] for c in s["per_cta"].values())

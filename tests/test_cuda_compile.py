@@ -66,6 +66,13 @@ def test_dynamic_smem_starts_1024_byte_aligned_and_fits(cache, monkeypatch):
     assert codegen.SMEM_BYTES + static <= 227 * 1024
 
 
+def test_profile_builds_compile_with_the_in_task_marks(cache, monkeypatch):
+    monkeypatch.setenv("AMK_PROFILE", "1")
+    src = render(examples.combined_program())
+    assert "#define AMK_PROFILE 1" in src and "AMK_MARK(4);" in src
+    assert compile_source(src, "sm_90a").cubin[:4] == b"\x7fELF"
+
+
 def test_l2_prefetch_is_compiled_out_unless_asked_for(monkeypatch):
     monkeypatch.delenv("AMK_L2_PREFETCH", raising=False)
     assert not lower_program(examples.combined_program()).tasks["n_pf"].any()

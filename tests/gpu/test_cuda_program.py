@@ -1,5 +1,6 @@
 """Whole programs on the megakernel: a multi-task, multi-CTA chain against the ReferenceVM,
-monotonic counters over 1,000 steps, and the watchdog turning a deadlock into an error."""
+monotonic counters over 1,000 steps, the profile build's marks, and the watchdog turning a
+deadlock into an error."""
 import time
 
 import pytest
@@ -105,6 +106,27 @@ def test_cuda_graph_capture_of_one_step():
     torch.cuda.synchronize()
     cp.check()
     assert torch.equal(cp.buffers[prog.outputs[0]], ref[0])
+
+
+def test_profile_build_records_each_gemv_tasks_marks_in_order(monkeypatch):
+    """AMK_PROFILE=1: every plain op_gemv_direct task records its AMK_MARK points 0..4 (entered,
+    x staged, warp 0's first item, all items, stored) in order between its wait's end and its
+    end; FUSED tasks keep their steps' starts in those words instead and have no marks."""
+    monkeypatch.setenv("AMK_PROFILE", "1")
+    prog = chain_program()
+    cp = CudaProgram(prog, "cuda")
+    cp.run({k: v.cuda() for k, v in chain_bindings(5).items()})
+    rows = {r[0]: r for r in cp.profile()}
+    marks = cp.profile_marks()
+    gemvs = [i for i, t in enumerate(prog.tasks) if t.op == K.GEMV_TILE]
+    assert len(gemvs) == 4 and set(gemvs) <= set(marks)
+    for i in gemvs:
+        ts = [t for _, t in marks[i]]
+        assert [k for k, _ in marks[i]] == [0, 1, 2, 3, 4]
+        assert rows[i][3] <= ts[0] and ts == sorted(ts) and ts[-1] <= rows[i][4]
+    steps = cp.profile_steps()                 # the lowered FUSED tasks (the norm + LM-head tiles)
+    fused = [i for i in range(len(prog.tasks)) if int(cp.lowered.tasks[i]["op"]) == int(K.FUSED)]
+    assert fused and all(i in steps and i not in marks for i in fused)
 
 
 def test_deadlock_raises_instead_of_hanging(monkeypatch):

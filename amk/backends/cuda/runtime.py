@@ -261,6 +261,20 @@ class CudaProgram:
                 out[tid] = [(int(s["op"]), int(p[i, 4 + j])) for j, s in enumerate(subs)]
         return out
 
+    def profile_marks(self) -> dict[int, list[tuple[int, int]]]:
+        """AMK_PROFILE=1 builds: task id -> (k, ns) of each AMK_MARK(k) its device function
+        passed (plain tasks; the points are listed where the function is, e.g. op_gemv_direct,
+        op_attention_smem), in k order. Synchronises."""
+        entries, p = self._prof_rows()
+        out = {}
+        for i, (tid, _) in enumerate(entries):
+            if int(self.lowered.tasks[tid]["op"]) == int(InstructionKind.FUSED):
+                continue
+            marks = [(k, int(p[i, 4 + k])) for k in range(abi.PROF_WORDS - 4) if p[i, 4 + k]]
+            if marks:
+                out[tid] = marks
+        return out
+
     def _task_name(self, tid: int) -> str:
         if 0 <= tid < len(self.program.tasks):
             t = self.program.tasks[tid]

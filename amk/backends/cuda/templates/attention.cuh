@@ -275,6 +275,8 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
 // transposed (pt: [position][HGP], HGP = HG rounded up to 4: float4 reads); P.V a thread per 2
 // dims and position group (a warp = a row of 32 dim pairs for hd = 64), each position one
 // 4-byte V read and HGP/4 16-byte reads (NOTES v10: the old loop was an LDS latency chain).
+// AMK_MARK (profile builds; a pass's last chunk): 0 entered, 1 K/V copies issued, 2 q staged,
+// 3 K landed, 4 scores, 5 softmax and V landed, 6 P.V, 7 written.
 template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;
@@ -312,9 +314,11 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         const TK* kbase = kc + (b * max_seq * nkv + g) * hd;
         const TV* vbase = vc + (b * max_seq * nkv + g) * hd;
         __syncthreads();                                     // the previous users of smem
+        AMK_MARK(0);
         const int cn0 = hi0 - lo < CR ? (int)(hi0 > lo ? hi0 - lo : 0) : CR;
         attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before pos and q
         attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
+        AMK_MARK(1);
         long long hi = hi0, pos = 0;
         if (d.ip[P_ATTN_HAS_POS]) { pos = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > pos + 1) hi = pos + 1; }
         if (hi < lo) hi = lo;
@@ -325,6 +329,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         attn_stage_q<TQ, TK, TV, TN, TF>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos,
                                          new_r >= 0 ? (const TN*)P[4] + nro : nullptr,
                                          new_r >= 0 ? (const TN*)P[5] + nro : nullptr, nrow);
+        AMK_MARK(2);
         if (threadIdx.x == 0) preload_next(smem);            // the next task's rows, behind ours
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
         float acc[HG][2];
@@ -338,6 +343,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           }
           cp_async_wait<1>();                                // K (V may still be in flight)
           __syncthreads();
+          AMK_MARK(3);
           const int nr = new_r - (int)(t0 - lo);             // >= 0 in the last chunk only
           if (nr >= 0) {
             if (tid < hd) ((TK*)(ks + nr * krs))[tid] = from_f<TK>(nrow[tid]);   // its own write
@@ -367,9 +373,11 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
             sc[j * CR + r] = sj * scale;
           }
           __syncthreads();
+          AMK_MARK(4);
           attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1);
           cp_async_wait<0>();                                // V
           __syncthreads();
+          AMK_MARK(5);
           if (nr >= 0) {
             if (tid < hd) ((TV*)(vs + nr * vrs))[tid] = from_f<TV>(nrow[hd + tid]);
             __syncthreads();
@@ -397,6 +405,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         }
         cp_async_wait<0>();            // an empty window never waited for its staged rows: red aliases them
         __syncthreads();
+        AMK_MARK(6);
         if (pg < PG) {
 #pragma unroll
           for (int j = 0; j < HG; j++)
@@ -404,5 +413,6 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         }
         __syncthreads();
         attn_write<HG>(out, red, m_run, l_run, nhs, hd, PG, (long long)b * nh + hbase, partial, n);
+        AMK_MARK(7);
       }
 }

@@ -136,6 +136,15 @@ __device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
 __device__ __forceinline__ unsigned long long global_timer() {
   unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }
+// AMK_PROFILE: AMK_MARK(k), k < AMK_PROF_W - 4, records %globaltimer (thread 0) at point k of a
+// plain task's device function in the task's free profile words 4 + k (a FUSED task keeps its
+// steps' starts there): CudaProgram.profile_marks, bench/profile_decode.py. Nothing otherwise.
+#ifdef AMK_PROFILE
+__shared__ unsigned long long* amk_mark_row;
+#define AMK_MARK(k) do { if (threadIdx.x == 0 && amk_mark_row) amk_mark_row[4 + (k)] = global_timer(); } while (0)
+#else
+#define AMK_MARK(k) do { } while (0)
+#endif
 // Bring [p, p+n) into L2 (no registers, no completion to wait for). Safe for any region: L2 is
 // the coherence point, so prefetching memory another CTA will still write cannot go stale.
 __device__ __forceinline__ void prefetch_l2(unsigned long long p, unsigned long long n) {

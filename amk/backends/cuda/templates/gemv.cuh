@@ -245,6 +245,7 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // NORM (lower._norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
+// AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
           bool NORM = false, class NX = float, class NW = float>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
@@ -261,10 +262,12 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   // ADD: the residual of this thread's output loaded now, with x, not after the sums
   const bool res_early = EPI == 1 && n_tile <= NT;
   const float rv = res_early && threadIdx.x < n_tile ? to_f(res[n_off + threadIdx.x]) : 0.f;
+  AMK_MARK(0);
   const int pr = AMK_PRE ? d.ip[P_GEMV_PRE] : 0;
   if (NORM) rms_row<NX, NW, TX>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
   else if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
   __syncthreads();
+  AMK_MARK(1);
   for (int it = warp; it < items; it += NWARPS) {
     uint4 wv[2][GU];
     const int last = NMAT == 2 ? it / nseg : 2 * (it / nseg) + 1;     // the item's last row
@@ -275,8 +278,10 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
       direct_load<NMAT, GU>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
     }
     direct_dot<TW, NMAT, GU>(wv, xs, part, n_tile, nv, nseg, it);
+    if (it == warp) AMK_MARK(2);
   }
   __syncthreads();
+  AMK_MARK(3);
   const TS* bias = (const TS*)P[1 + NMAT];
   float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;   // EPI 3
   for (int r = threadIdx.x; r < (EPI == 2 ? n_tile : NMAT * n_tile); r += NT) {
@@ -301,6 +306,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
       part[0] = best; part[1] = __int_as_float(bi);
     }
   }
+  AMK_MARK(4);
 }
 
 // The same GEMV for float weights at batch 1, its weight tile taken from the CTA's weight

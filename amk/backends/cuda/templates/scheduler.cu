@@ -170,6 +170,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
       if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
 #ifdef AMK_PROFILE
       prof[AMK_PROF_W * i + 1] = global_timer();
+      amk_mark_row = T.op == OP_FUSED ? nullptr : prof + AMK_PROF_W * i;
 #endif
     }
     __syncthreads();
