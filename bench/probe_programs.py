@@ -22,7 +22,7 @@ from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for 
 
 import amk  # noqa: E402
 from amk import ops  # noqa: E402
-from profile_decode import run_profiled, steps_line, task_kind  # noqa: E402
+from profile_decode import marks_line, run_profiled, steps_line, task_kind  # noqa: E402
 
 H, F = 2048, 8192
 
@@ -122,6 +122,8 @@ def main(argv=None) -> int:
                   f"{d['bytes'] / (d['run_us'] * 1e3):6.1f} GB/s/SM")
             if d.get("steps"):
                 print(" " * 32 + steps_line(d))
+            if d.get("marks"):
+                print(" " * 32 + marks_line(d))
         ranks = by_queue_rank(rows, lambda tid: task_kind(prog.tasks[tid], prog.buffers))
         print("  by rank on its queue (run us): " + ", ".join(f"{k} {v:.2f}" for k, v in ranks.items()
                                                              if "attention" in k.lower()))
