@@ -242,6 +242,11 @@ __device__ __forceinline__ void bulk_g2s(const void* dst, unsigned long long src
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                :: "r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(b)) : "memory");
 }
+// Orders this thread's view of earlier generic-proxy shared-memory accesses (made its view by a
+// barrier) before its later bulk copies (async proxy) into the same bytes.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 // The split-KV combine's bulk copies of its partials (op_combine): the barrier completes once per
 // use; amk_comb_uses counts the completed uses (the next completes phase parity amk_comb_uses & 1).
 // op_combine reads it on entry and thread 0 counts the use once every thread has waited.

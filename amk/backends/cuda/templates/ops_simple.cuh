@@ -321,6 +321,7 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     char* st = smem + AMK_RING_OFF;
     const unsigned ph = amk_comb_uses;
     if (threadIdx.x < 32) {                       // one bulk copy a partial
+      fence_proxy_async();                        // the area held the attention's cp.async rows
       if (threadIdx.x == 0) mbar_expect_tx(&amk_comb_bar, (unsigned)(np * span * 16));
       __syncwarp();
       for (int p = threadIdx.x; p < np; p += 32)
