@@ -53,7 +53,7 @@ STATE_FIELDS = (("epoch", "unsigned", 1), ("done", "unsigned", 1), ("abort", "un
 FAULT_DEADLOCK = 1
 FAULT_KV_POS = 2        # KV_APPEND position outside the cache
 FAULT_EMBED_ID = 3      # token id outside the embedding table
-FAULT_STREAM = 4        # a weight-stream copy never completed (templates/common.cuh)
+FAULT_STREAM = 4        # a bulk copy into smem never completed (templates/common.cuh, mbar_wait)
 PROF_WORDS = 12         # AMK_PROFILE, per queue entry: wait start, wait end, end, SM, 8 step starts
 
 _NP = {"int": np.int32, "unsigned": np.uint32, "float": np.float32,

@@ -221,8 +221,9 @@ class CudaProgram:
         code, task, value = int(st["fault"]), int(st["fault_task"]), int(st["fault_value"])
         if code == abi.FAULT_STREAM:
             raise BackendUnavailable(
-                f"megakernel fault: a weight-stream copy did not land within AMK_WATCHDOG_S "
-                f"(CTA chunk {value}); run with AMK_GEMV_RING=0 and report the program")
+                f"megakernel fault: a bulk copy into shared memory (the weight stream, an o tile's "
+                f"preload or a combine's partials) did not land within AMK_WATCHDOG_S (weight-stream "
+                f"chunk {value}); run with AMK_GEMV_RING=0 AMK_PRELOAD=0 and report the program")
         if code == abi.FAULT_DEADLOCK or int(st["abort"]):
             raise DeadlockError(self._deadlock_report())
         name = self._task_name(task)
