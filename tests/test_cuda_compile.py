@@ -246,7 +246,7 @@ def test_staged_attention_takes_the_largest_head_pass_that_divides_a_kv_group(mo
     for c in examples.cases():
         call = (lower_program(c.program).variants or [""])[0]
         if call.startswith("op_attention_smem<"):
-            passes[c.name] = int(re.search(r", (\d+)>\(AMK_ARGS\)$", call).group(1))
+            passes[c.name] = int(re.search(r", (\d+), \d+>\(AMK_ARGS\)$", call).group(1))
     # heads a kv group: 4 (Llama-style GQA), 1 (MHA), 3, 12 (two passes of 6)
     assert passes["attention_gqa_bf16"] == 4 and passes["attention_batched_long"] == 1
     assert passes["attention_rep3_f32"] == 3 and passes["attention_rep12_hd128"] == 6

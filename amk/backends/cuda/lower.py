@@ -464,7 +464,7 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
     types = f"{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, {_ft(t, out.dtype)}, {tn}"
     hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
-    call = (f"op_attention_smem<{types}, float, {hg}>(AMK_ARGS)" if staged
+    call = (f"op_attention_smem<{types}, float, {hg}, {hd}>(AMK_ARGS)" if staged
             else f"op_attention<{types}, float>(AMK_ARGS)")
     e = Encoded(int(op), call, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
@@ -760,12 +760,12 @@ def _rope_fold(r, ra, ro, a, aa, later, consumer: int) -> bool:
 
 
 def _with_inv(call: str, inv) -> str:
-    """A call whose inverse-frequency type (its last type argument, float, before an optional
-    integer one) becomes inv's."""
+    """A call whose inverse-frequency type (its last type argument, float, before its integer
+    ones) becomes inv's."""
     if not inv:
         return call
-    return re.sub(r", float(, \d+)?>\(AMK_ARGS\)$",
-                  lambda m: f", {_ft(None, inv[0].dtype)}{m.group(1) or ''}>(AMK_ARGS)", call)
+    return re.sub(r", float((?:, \d+)*)>\(AMK_ARGS\)$",
+                  lambda m: f", {_ft(None, inv[0].dtype)}{m.group(1)}>(AMK_ARGS)", call)
 
 
 def _rope_joins(r, ra, a, aa) -> bool:

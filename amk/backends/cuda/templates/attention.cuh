@@ -277,10 +277,10 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
 // 4-byte V read and HGP/4 16-byte reads (NOTES v10: the old loop was an LDS latency chain).
 // AMK_MARK (profile builds; a pass's last chunk): 0 entered, 1 K/V copies issued, 2 q staged,
 // 3 K landed, 4 scores, 5 softmax and V landed, 6 P.V, 7 written.
-template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG>
+template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, int HDC>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;
-  const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
+  const int hd = HDC, nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];   // HDC: the head dim, a constant
   const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT], B = d.ip[P_ATTN_B];
   const long long max_seq = d.ip[P_ATTN_MAX_SEQ];
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
