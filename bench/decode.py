@@ -22,6 +22,7 @@ import torch
 from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 from torch_llama import torch_decode_step  # noqa: E402
 
 import amk  # noqa: E402
