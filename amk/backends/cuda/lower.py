@@ -486,7 +486,7 @@ def _enc_combine(t, op, ins, outs, p) -> Encoded:
         _fail(t, f"combine inputs must be [{B}, {nh}, {hd}+2] partials of one dtype")
     if not (0 <= h_off and h_off + hc <= nh):
         _fail(t, f"head range h_off={h_off}, h_count={hc} outside {nh} heads")
-    e = Encoded(int(op), f"op_combine<{_ft(t, ins[0].dtype)}, {_ft(t, out.dtype)}>(AMK_ARGS)",
+    e = Encoded(int(op), f"op_combine<{_ft(t, ins[0].dtype)}, {_ft(t, out.dtype)}, {hd}, {len(ins)}>(AMK_ARGS)",
                 group="COMB")
     e.ip = dict(HD=hd, NH=nh, H_OFF=h_off, H_COUNT=hc, B=B, P=len(ins))
     return e

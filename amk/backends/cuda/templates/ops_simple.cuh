@@ -305,10 +305,12 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // copy a partial, one round trip for the whole combine (NOTES v9, v13b); then a thread merges 4 consecutive
 // outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
 // rows may be landing above it (lower._preload).
-template <class TP, class TO>
+// HDC, NPC: the head dim and the number of partials, template constants (lower._enc_combine): the
+// per-output index math and the loops over partials compile to shifts and straight code.
+template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
-  const int hd = d.ip[P_COMB_HD], nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
-  const int B = d.ip[P_COMB_B], np = d.ip[P_COMB_P];
+  const int hd = HDC, nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
+  const int B = d.ip[P_COMB_B], np = NPC;
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
@@ -334,8 +336,10 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     for (int i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * NT) {
       const int r = i0, h = h0 + r / hd, dd = r % hd;
       float mx = -__int_as_float(0x7f800000);
+#pragma unroll
       for (int p = 0; p < np; p++) mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
       float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
       for (int p = 0; p < np; p++) {
         const TP* pp = (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2);
         const float lp = to_f(pp[hd + 1]);
