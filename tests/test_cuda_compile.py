@@ -66,7 +66,9 @@ def test_dynamic_smem_starts_1024_byte_aligned_and_fits(cache, monkeypatch):
     assert codegen.SMEM_BYTES + static <= 227 * 1024
 
 
-def test_profile_builds_compile_with_the_in_task_marks(cache, monkeypatch):
+def test_profile_builds_compile_for_sm90a(cache, monkeypatch):
+    """AMK_PROFILE=1 renders the profile build (the marks it records are checked on a GPU:
+    tests/gpu/test_cuda_program.py) and it compiles."""
     monkeypatch.setenv("AMK_PROFILE", "1")
     src = render(examples.combined_program())
     assert "#define AMK_PROFILE 1" in src

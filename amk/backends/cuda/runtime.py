@@ -223,7 +223,8 @@ class CudaProgram:
             raise BackendUnavailable(
                 f"megakernel fault: a bulk copy into shared memory (the weight stream, an o tile's "
                 f"preload or a combine's partials) did not land within AMK_WATCHDOG_S (weight-stream "
-                f"chunk {value}); run with AMK_GEMV_RING=0 AMK_PRELOAD=0 and report the program")
+                f"chunks consumed: {value}); AMK_GEMV_RING=0 turns the weight stream off and "
+                f"AMK_PRELOAD=0 the preload (the combine's copies have no switch); report the program")
         if code == abi.FAULT_DEADLOCK or int(st["abort"]):
             raise DeadlockError(self._deadlock_report())
         name = self._task_name(task)
