@@ -14,6 +14,7 @@ from amk.program.ir import DType, InstructionKind
 # (name, C type, count). Every field is 4 bytes, so C and numpy agree on the layout without padding.
 N_IP = 20          # integer parameter slots
 N_FP = 4           # float parameter slots
+INLINE_WAITS = 4         # waits a TaskDesc carries itself (more: read from the waits table)
 TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("op", "int", 1),            # InstructionKind
     ("variant", "int", 1),       # which rendered device function runs it (codegen's switch)
@@ -36,6 +37,9 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
                                  #   ptr_begin (the scheduler copies them in one go)
     ("n_pre", "int", 1),         # the NEXT task's preload: ranges[pf_begin + n_pf : +n_pre], copied
                                  #   into smem at AMK_PRE_OFF during this task (lower._preload)
+    ("wait_c", "int", INLINE_WAITS),          # the first INLINE_WAITS waits again (counter,
+    ("wait_t", "unsigned", INLINE_WAITS),     #   threshold, stride): they arrive in shared memory
+    ("wait_s", "unsigned", INLINE_WAITS),     #   with the descriptor, no load before the poll
     ("ip", "int", N_IP),
     ("fp", "float", N_FP),
 )
@@ -133,7 +137,8 @@ def render_header() -> str:
     out += [f"#define DT_{d.name} {int(d)}\n" for d in DType]
     out += [f"#define EW_{k} {i}\n" for i, k in enumerate(EW_KINDS)]
     out += [f"#define FAULT_DEADLOCK {FAULT_DEADLOCK}\n", f"#define FAULT_KV_POS {FAULT_KV_POS}\n",
-            f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_STREAM {FAULT_STREAM}\n"]
+            f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_STREAM {FAULT_STREAM}\n",
+            f"#define AMK_INLINE_WAITS {INLINE_WAITS}\n"]
     for g, names in IP_SLOTS.items():
         out += [f"#define P_{g}_{n} {i}\n" for i, n in enumerate(names)]
     for g, names in FP_SLOTS.items():

@@ -72,6 +72,7 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
     pipe_v, pipe_s = knobs.gemv_pipe()
     # the ring area when neither the weight stream nor the pipe uses it: steps may stage there
     free_ring = RING_BYTES if k == 1 and not knobs.gemv_ring() and not pipe_v else 0
+    pipe_on = int(bool(pipe_v))
     if not pipe_v:               # off: the template still compiles, nothing calls it
         pipe_v, pipe_s = 1, 2
     too_many = [int(t["task_id"]) for t in low.tasks if t["n_in"] + t["n_out"] > MAX_PTRS]
@@ -84,7 +85,7 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_RING_OFF {RING_OFF}\n#define AMK_FREE_RING {free_ring}\n"
              f"#define AMK_RING_STAGES {ring_stages}\n#define AMK_CHUNK {chunk}\n"
              f"#define AMK_WIN_OFF {WIN_OFF}\n#define AMK_WIN {STREAM_WIN}\n"
-             f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n"
+             f"#define AMK_PIPE_V {pipe_v}\n#define AMK_PIPE_S {pipe_s}\n#define AMK_PIPE_ON {pipe_on}\n"
              f"#define AMK_SPIN_NS {knobs.spin_ns()}\n#define AMK_CSTRIDE {knobs.counter_stride()}\n"
              f"#define AMK_PF {int(any(t['n_pf'] for t in low.tasks))}\n"
              f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n"

@@ -67,14 +67,18 @@ __device__ __forceinline__ void prefetch_task(const TaskDesc* t, const KernelArg
   for (int i = lane; i < t->n_pf; i += 32) prefetch_l2(r[i].addr, r[i].bytes);
 }
 
-// Thread 0 only. Returns false when the kernel is aborting.
+// Thread 0 only. Returns false when the kernel is aborting. The first AMK_INLINE_WAITS waits
+// come from the descriptor in shared memory (a global load before the first poll would add a
+// round trip to every task start whose counters are already there), the rest from the table.
 __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch) {
   const WaitDesc* w = (const WaitDesc*)A.waits + t->wait_begin;
   unsigned* counters = (unsigned*)A.counters;
   KernelState* st = (KernelState*)A.state;
   for (int i = 0; i < t->n_waits; i++) {
-    const unsigned* c = counters + (long long)w[i].counter * AMK_CSTRIDE;
-    const unsigned target = w[i].threshold + epoch * w[i].stride;
+    const bool in = i < AMK_INLINE_WAITS;
+    const int wc = in ? t->wait_c[i] : w[i].counter;
+    const unsigned* c = counters + (long long)wc * AMK_CSTRIDE;
+    const unsigned target = in ? t->wait_t[i] + epoch * t->wait_s[i] : w[i].threshold + epoch * w[i].stride;
     unsigned v = ld_acquire(c);     // acquire: no fence after (a fence.sc costs microseconds)
     if ((int)(v - target) >= 0) continue;
     unsigned last = v, ns = 16;
@@ -89,8 +93,8 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
       if (v != last) { last = v; t_last = now; }
       if (aborting || now - t_last > A.watchdog_ns) {
         ErrSlot* e = (ErrSlot*)A.errs + blockIdx.x;
-        e->task = t->task_id; e->counter = w[i].counter; e->value = v; e->target = target;
-        if (!aborting) { raise_fault(st, FAULT_DEADLOCK, t->task_id, w[i].counter); atomicExch(&st->abort, 1u); }
+        e->task = t->task_id; e->counter = wc; e->value = v; e->target = target;
+        if (!aborting) { raise_fault(st, FAULT_DEADLOCK, t->task_id, wc); atomicExch(&st->abort, 1u); }
         __threadfence();
         return false;
       }
@@ -157,7 +161,11 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
       if (!AMK_PF_OWN && next >= 0) prefetch_task(tasks + next, A, lane);
       else if (AMK_PF_OWN && i > qb) prefetch_task(tasks + qt[i], A, lane);
     }
-    cp_async_wait<0>();            // this task's stage 2 (issued when the previous one ended)
+    // This task's stage 2 (issued when the previous one ended) lands while thread 0 polls: the
+    // poll needs only the descriptor (stage 1, waited for when the previous task ended). The
+    // pipe GEMV's pre-wait loads read stage 2's pointers: with the pipe on, wait for it here.
+    // (The barrier stays either way: without it ptxas spills more of the loop.)
+    if (AMK_PIPE_ON) cp_async_wait<0>();
     __syncthreads();
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
     if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during this task
@@ -173,6 +181,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
       amk_mark_row = T.op == OP_FUSED ? nullptr : prof + AMK_PROF_W * i;
 #endif
     }
+    if (!AMK_PIPE_ON) cp_async_wait<0>();   // stage 2, and the next task's stage 1: no group left for the task
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
     if (T.op == OP_FUSED) {
