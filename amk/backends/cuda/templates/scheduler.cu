@@ -34,15 +34,18 @@ __device__ __forceinline__ void slot_stage1(const TaskDesc* src, TaskDesc* dst) 
 __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* tasks,
                                             const unsigned long long* ptrs, TaskDesc* subs, void** sp,
                                             const RangeDesc* ranges, RangeDesc* pre) {
+  // One copy a thread, no loops: every count here is at most NT (a loop's trip count kept a
+  // spilled register that each task end reloaded, NOTES v15), the steps' words at most 2 NT.
+  static_assert(SLOT_PTRS <= NT && MAX_PTRS <= NT && SLOT_SUBS * DESC_WORDS <= 2 * NT, "slot_stage2");
   const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
-  const int np = fits ? t.n_ptr_all : t.n_in + t.n_out;
-  for (int i = threadIdx.x; i < np; i += NT) cp_async8(sp + i, ptrs + t.ptr_begin + i);
-  if (AMK_PRE)
-    for (int i = threadIdx.x; i < t.n_pre * (int)(sizeof(RangeDesc) / 8); i += NT)
-      cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pf_begin + t.n_pf) + i);
+  const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x;
+  if (i < np) cp_async8(sp + i, ptrs + t.ptr_begin + i);
+  if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8))
+    cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pf_begin + t.n_pf) + i);
   if (fits && t.op == OP_FUSED) {
-    const int* src = (const int*)(tasks + t.sub_begin);
-    for (int i = threadIdx.x; i < t.n_sub * DESC_WORDS; i += NT) cp_async4((int*)subs + i, src + i);
+    const int* src = (const int*)(tasks + t.sub_begin), nw = t.n_sub * DESC_WORDS;
+    if (i < nw) cp_async4((int*)subs + i, src + i);
+    if (i + NT < nw) cp_async4((int*)subs + i + NT, src + i + NT);
   }
   cp_async_commit();
 }
