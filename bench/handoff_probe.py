@@ -10,8 +10,10 @@ before its next round: the megakernel's down -> q/k/v or o -> gate/up boundary. 
            barrier, then every thread loads x (a second round trip)
   ll       NCCL's LL protocol: each value goes out as one 8-byte word (value, round flag), a
            single-copy-atomic store with no fence; every consumer thread polls its own words
-           until their flags are the round's, so the data is the signal
+           (4 adjacent ones) until their flags are the round's, so the data is the signal
+  ll-coal  the same, each thread's words NT apart (a warp's loads coalesced)
   none     no hand-off at all (x is not waited for): the rounds' streaming alone
+The in-flight depth U (16-byte loads a lane per row) and the poll's longest sleep vary too.
 Each CTA times its rounds with %globaltimer; span = last end - first start, per round. The
 consumers check every value they got (wrong values are counted and printed: a race shows).
 
@@ -110,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) probe(const __grid_constant_
       const int i = b * 16 + threadIdx.x;
 #if MODE == 0
       x[nr * KC + i] = xval(nr, i);
-#elif MODE == 1
+#elif MODE != 2
       st_relaxed64(ll + nr * KC + i, ((unsigned long long)(unsigned)nr << 32) | __float_as_uint(xval(nr, i)));
 #endif
     }
@@ -144,6 +146,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) probe(const __grid_constant_
 #pragma unroll
       for (int k = 0; k < 4; k++) xs[4 * threadIdx.x + k] = __uint_as_float((unsigned)v[k]);
     }
+#elif MODE == 3
+    {
+      const unsigned long long* src = ll + nr * KC + threadIdx.x;     // coalesced: word k NT + t
+      unsigned long long v[4];
+      unsigned ns = 16;
+      for (;;) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = ld_relaxed64(src + k * NT);
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < 4; k++) ok = ok && (unsigned)(v[k] >> 32) == (unsigned)nr;
+        if (ok) break;
+        __nanosleep(ns); if (ns < SPIN) ns <<= 1;
+      }
+#pragma unroll
+      for (int k = 0; k < 4; k++) xs[k * NT + threadIdx.x] = __uint_as_float((unsigned)v[k]);
+    }
 #else
     for (int i = threadIdx.x; i < KC; i += NT) xs[i] = xval(nr, i);
 #endif
@@ -162,9 +181,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) probe(const __grid_constant_
 }
 """
 
-MODES = {"counter": 0, "ll": 1, "none": 2}
+MODES = {"counter": 0, "ll": 1, "none": 2, "ll-coal": 3}
 CONFIGS = [dict(rpc=rpc, mode=m, spin=128, u=u) for u in (8, 4, 2) for rpc in (0, 24, 128) for m in ("counter", "none")
-           if rpc or u == 8] + [dict(rpc=rpc, mode="ll", spin=128, u=8) for rpc in (0, 24, 128)]
+           if rpc or u == 8] + [dict(rpc=rpc, mode=m, spin=s, u=8) for m in ("ll", "ll-coal")
+                                for rpc in (0, 24, 128) for s in (32, 128)]
 
 
 def build(cfg: dict) -> Kernel:
