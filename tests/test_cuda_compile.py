@@ -44,6 +44,27 @@ def test_waits_carry_the_per_step_stride():
     assert low.queues == [[0, 2, 4], [1, 3]]
 
 
+def test_a_descriptor_carries_its_first_waits_as_the_table_has_them():
+    """The scheduler polls the first abi.INLINE_WAITS waits from the TaskDesc (no global load
+    before the poll): they must equal the waits table's rows; later waits only in the table."""
+    b = examples.Builder()
+    x = b.buf("x", examples.BK.IO_INPUT, DType.F32, (4,))
+    y = b.buf("y", examples.BK.IO_OUTPUT, DType.F32, (4,))
+    n = abi.INLINE_WAITS + 2
+    cs = [b.task(InstructionKind.COPY, [x], [y], {"n_off": 0, "N_tile": 1}) for _ in range(n)]
+    b.task(InstructionKind.NOP, [], [], waits=[(c, 1) for c in cs])
+    b.task(InstructionKind.NOP, [], [], waits=[(cs[2], 1)])
+    low = lower_program(b.program(), n_ctas=2)
+    for t in low.tasks:
+        rows = low.waits[int(t["wait_begin"]):int(t["wait_begin"]) + int(t["n_waits"])]
+        k = min(len(rows), abi.INLINE_WAITS)
+        assert t["wait_c"][:k].tolist() == rows["counter"][:k].tolist()
+        assert t["wait_t"][:k].tolist() == rows["threshold"][:k].tolist()
+        assert t["wait_s"][:k].tolist() == rows["stride"][:k].tolist()
+    assert [int(t["n_waits"]) for t in low.tasks][n:] == [n, 1]
+    assert low.tasks[n]["wait_c"].tolist() == cs[:abi.INLINE_WAITS]
+
+
 def test_all_cases_compile_for_sm90a_and_hit_the_cache(cache):
     src = render(examples.combined_program())
     first = compile_source(src, "sm_90a")

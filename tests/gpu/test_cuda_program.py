@@ -1,6 +1,6 @@
 """Whole programs on the megakernel: a multi-task, multi-CTA chain against the ReferenceVM,
-monotonic counters over 1,000 steps, the profile build's marks, and the watchdog turning a
-deadlock into an error."""
+monotonic counters over 1,000 steps, a task with more waits than its descriptor carries, the
+profile build's marks, and the watchdog turning a deadlock into an error."""
 import time
 
 import pytest
@@ -76,6 +76,51 @@ def test_chain_matches_reference_vm(queues):
         got = cp.run({k: v.cuda() for k, v in binds.items()})
         torch.testing.assert_close(got[0].cpu(), ref[0], rtol=2e-2, atol=2e-2)
         assert got[1].item() == ref[1].item() or abs(ref[0][0, got[1].item()] - ref[0].max()) < 2e-2
+
+
+def many_waits_program(n_waits=6, stuck=None):
+    """n_waits producers (x * k into p_k, each its own counter) and one ALLREDUCE_SHARD waiting on
+    all of them: the first abi.INLINE_WAITS waits come from the descriptor, the rest from the
+    waits table. stuck=k: wait k needs one more completion than it will ever get."""
+    b = Builder("many_waits")
+    x = b.buf("x", BK.IO_INPUT, D.F32, (64,))
+    out = b.buf("out", BK.IO_OUTPUT, D.F32, (64,))
+    waits = []
+    parts = []
+    for k in range(n_waits):
+        p = b.buf(f"p{k}", BK.ACTIVATION, D.F32, (64,))
+        waits.append((b.task(K.ADD, [x, x], [p], name=f"twice_{k}"), 2 if k == stuck else 1))
+        parts.append(p)
+    b.task(K.ALLREDUCE_SHARD, parts, [out], waits=waits, name="sum_of_all")
+    b.outputs = [out]
+    return b.program([[n_waits]] + [[k] for k in range(n_waits)])   # the consumer on a CTA of its own
+
+
+def test_a_task_with_more_waits_than_its_descriptor_carries():
+    """Six waits: four inline, two from the waits table; the consumer starts at once on its own
+    CTA, so it polls while the producers run."""
+    from amk.backends.cuda import abi
+    from amk.backends.reference.vm import ReferenceVM
+    n = abi.INLINE_WAITS + 2
+    prog = many_waits_program(n)
+    cp = CudaProgram(prog, "cuda")
+    assert int(cp.lowered.tasks[n]["n_waits"]) == n
+    x = torch.randn(64)
+    ref = ReferenceVM(prog, device="cpu").run({"x": x})
+    for _ in range(3):
+        got = cp.run({"x": x.cuda()})
+        torch.testing.assert_close(got[0].cpu(), ref[0])
+        torch.testing.assert_close(got[0].cpu(), 2 * n * x)
+
+
+def test_a_stuck_wait_past_the_inline_ones_is_named(monkeypatch):
+    monkeypatch.setenv("AMK_WATCHDOG_S", "0.2")
+    from amk.backends.cuda import abi
+    n = abi.INLINE_WAITS + 2
+    cp = CudaProgram(many_waits_program(n, stuck=n - 1), "cuda", validate=False)
+    with pytest.raises(DeadlockError, match="sum_of_all") as ei:
+        cp.run({"x": torch.ones(64, device="cuda")})
+    assert f"counter {n - 1} = 1" in str(ei.value)
 
 
 def test_thousand_steps_are_identical():
