@@ -1144,7 +1144,8 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         g = d["group"]
         for name, v in d["ip"].items():
             rec["ip"][abi.ip_index(g, name)] = int(v)
-        for k, (c, th, st) in enumerate(waits[d["wait_begin"]:d["wait_begin"] + d["n_waits"]][:abi.INLINE_WAITS]):
+        first = waits[d["wait_begin"]:d["wait_begin"] + min(d["n_waits"], abi.INLINE_WAITS)]
+        for k, (c, th, st) in enumerate(first):      # the waits the scheduler polls from smem
             rec["wait_c"][k], rec["wait_t"][k], rec["wait_s"][k] = c, th & 0xFFFFFFFF, st
         for name, v in d["fp"].items():
             rec["fp"][abi.fp_index(g, name)] = float(v)

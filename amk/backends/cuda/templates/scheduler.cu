@@ -171,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     if (AMK_PIPE_ON) cp_async_wait<0>();
     __syncthreads();
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
-    if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during this task
+    if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during the poll
     else cp_async_commit();
     // Weights before the wait: the first items of the task's pipe GEMV (gemv_pipe.cuh), issued
     // after stage 1's group so the GEMV's group count sees only its own groups after them.
@@ -214,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
       run_variant(T, s_ptrs[slot], smem, st);
     }
     const int out_counter = T.out_counter;   // the slot is refilled once everyone passes below
-    cp_async_wait<0>();            // the next task's descriptor (issued before this task's wait)
+    cp_async_wait<0>();            // the task's own copies (and, with the pipe, the next descriptor)
     __syncthreads();
     if (threadIdx.x == 0 && out_counter >= 0)   // after the barrier: the CTA's writes, released
       red_release_add((unsigned*)A.counters + (long long)out_counter * AMK_CSTRIDE, 1u);
