@@ -182,14 +182,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) probe(const __grid_constant_
 """
 
 MODES = {"counter": 0, "ll": 1, "none": 2, "ll-coal": 3}
-CONFIGS = [dict(rpc=rpc, mode=m, spin=128, u=u) for u in (8, 4, 2) for rpc in (0, 24, 128) for m in ("counter", "none")
-           if rpc or u == 8] + [dict(rpc=rpc, mode=m, spin=s, u=8) for m in ("ll", "ll-coal")
-                                for rpc in (0, 24, 128) for s in (32, 128)]
+CONFIGS = ([dict(rpc=rpc, mode=m, spin=128, u=u) for u in (8, 4, 2) for rpc in (0, 24, 128)
+            for m in ("counter", "none") if rpc or u == 8]
+           + [dict(rpc=rpc, mode=m, spin=s, u=8) for m in ("ll", "ll-coal") for rpc in (0, 24, 128)
+              for s in (32, 128)])
+
+
+def source(cfg: dict) -> str:
+    """The probe kernel's CUDA source for one config (its knobs as macros)."""
+    return (f"#define NT {NT}\n#define KC {K_COLS}\n#define PRODUCERS {PRODUCERS}\n"
+            f"#define MODE {MODES[cfg['mode']]}\n#define SPIN {cfg['spin']}\n#define U {cfg['u']}\n" + SRC)
 
 
 def build(cfg: dict) -> Kernel:
-    defs = f"#define NT {NT}\n#define KC {K_COLS}\n#define PRODUCERS {PRODUCERS}\n#define MODE {MODES[cfg['mode']]}\n#define SPIN {cfg['spin']}\n#define U {cfg['u']}\n"
-    res = compile_source(defs + SRC, "sm_90a")
+    res = compile_source(source(cfg), "sm_90a")
     return Kernel(res.cubin, "probe", torch.cuda.current_device(), 0)
 
 
@@ -206,8 +212,8 @@ def run(cfg: dict, W: torch.Tensor, rounds: int = 32, reps: int = 7) -> dict:
     for _ in range(reps):
         for z in (x, ll, cnt):
             z.zero_()
-        args = struct.pack("QQQQQQQiii", W.data_ptr(), x.data_ptr(), ll.data_ptr(), cnt.data_ptr(), t.data_ptr(),
-                           sink.data_ptr(), bad.data_ptr(), rounds, max(cfg["rpc"], 0), W.shape[0])
+        args = struct.pack("QQQQQQQiii", W.data_ptr(), x.data_ptr(), ll.data_ptr(), cnt.data_ptr(),
+                           t.data_ptr(), sink.data_ptr(), bad.data_ptr(), rounds, cfg["rpc"], W.shape[0])
         k.launch(g, NT, torch.cuda.current_stream().cuda_stream, args)
         torch.cuda.synchronize()
         tt = t.view(g, 2).double()
@@ -225,7 +231,7 @@ def main(argv=None) -> int:
         return 2
     W = torch.randn(4 * 132 * 1024, K_COLS, device="cuda").to(torch.bfloat16)   # 1.1 GB
     out = []
-    print(f"{'rows a CTA':>10} {'mode':>8} {'u':>3} {'us/round':>9} {'bad':>5} {'regs':>5}")
+    print(f"{'rows a CTA':>10} {'mode':>8} {'u':>3} {'spin':>5} {'us/round':>9} {'bad':>5} {'regs':>5}")
     for cfg in CONFIGS:
         try:
             r = run(cfg, W)
@@ -233,7 +239,8 @@ def main(argv=None) -> int:
             print(f"{cfg} failed: {type(e).__name__}: {str(e)[:200]}")
             continue
         out.append(r)
-        print(f"{r['rpc']:>10} {r['mode']:>8} {r['u']:>3} {r['us_per_round']:9.2f} {r['bad_values']:5d} {r['regs']:5d}")
+        print(f"{r['rpc']:>10} {r['mode']:>8} {r['u']:>3} {r['spin']:>5} {r['us_per_round']:9.2f} "
+              f"{r['bad_values']:5d} {r['regs']:5d}")
     if a.json:
         Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": out}, indent=1))
     return 0
