@@ -7,7 +7,7 @@ pytest.importorskip("cuda.bindings")
 
 from amk.errors import CompileError
 from amk.program.ir import DType, InstructionKind
-from amk.backends.cuda import abi, codegen, compile_source, examples, render
+from amk.backends.cuda import abi, codegen, compile_source, examples, render, smem
 from amk.backends.cuda.lower import lower_program
 
 
@@ -84,7 +84,7 @@ def test_dynamic_smem_starts_1024_byte_aligned_and_fits(cache, monkeypatch):
     res = compile_source(render(examples.combined_program()), "sm_90a")
     static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
     assert static % 1024 == 0 and static > 0
-    assert codegen.SMEM_BYTES + static <= 227 * 1024
+    assert smem.SMEM_BYTES + static <= 227 * 1024
 
 
 def test_profile_builds_compile_for_sm90a(cache, monkeypatch):
@@ -196,7 +196,7 @@ def test_all_cases_compile_with_the_weight_stream_on_and_off(cache, monkeypatch,
     assert ("op_gemv_ring<" in src) == (ring == "1")
     res = compile_source(src, "sm_90a")
     static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
-    assert codegen.SMEM_BYTES + static <= 227 * 1024, "over the 227 KiB a CTA may have"
+    assert smem.SMEM_BYTES + static <= 227 * 1024, "over the 227 KiB a CTA may have"
 
 
 def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_all_pointers(monkeypatch):
@@ -285,12 +285,12 @@ def test_two_ctas_per_sm_render_256_threads_that_fit_twice_in_an_sm(cache, monke
     monkeypatch.setenv("AMK_CTAS_PER_SM", "1")
     one = gpu_target().num_sms
     key1 = lowered_cache._key(prog, 264)
-    assert codegen.launch_shape(1) == (512, codegen.SMEM_BYTES)
+    assert smem.launch_shape(1) == (512, smem.SMEM_BYTES)
     monkeypatch.setenv("AMK_CTAS_PER_SM", "2")
     assert gpu_target().num_sms == PassOptions.for_backend("cuda").target.num_sms == 2 * one
     assert PassOptions.for_backend("reference").target.num_sms == 4       # CPU target unchanged
     assert lowered_cache._key(prog, 264) != key1
-    threads, dyn = codegen.launch_shape(2)
+    threads, dyn = smem.launch_shape(2)
     assert (threads, dyn) == (256, 64 * 1024)
     src = render(prog)
     assert "#define AMK_NTHREADS 256\n" in src and "#define AMK_CTAS_PER_SM 2\n" in src

@@ -8,7 +8,7 @@ pytest.importorskip("cuda.bindings")
 
 from amk import knobs
 from amk.program.ir import InstructionKind as K
-from amk.backends.cuda import abi, codegen, compile_source, examples, render
+from amk.backends.cuda import abi, compile_source, examples, render, smem
 from amk.backends.cuda.lower import lower_program
 
 
@@ -74,10 +74,10 @@ def test_all_cases_compile_with_the_pipe_within_the_ctas_smem(tmp_path, monkeypa
     v, s = knobs.gemv_pipe()
     assert f"#define AMK_PIPE_V {v}\n#define AMK_PIPE_S {s}\n" in src
     assert "op_gemv_pipe<" in src
-    assert codegen.NTHREADS // 32 * v * s * 512 <= codegen.RING_BYTES   # the stages fit
+    assert smem.NTHREADS // 32 * v * s * 512 <= smem.RING_BYTES   # the stages fit
     res = compile_source(src, "sm_90a")
     static = max(int(m) for m in re.findall(r"(\d+) bytes smem", res.log))
-    assert codegen.SMEM_BYTES + static <= 227 * 1024
+    assert smem.SMEM_BYTES + static <= 227 * 1024
     assert re.search(r"op_gemv_pipe.*\n.*0 bytes spill stores", res.log)
 
 

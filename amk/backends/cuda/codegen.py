@@ -13,33 +13,15 @@ from string import Template
 
 from amk.program.ir import Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.lower import RING_BYTES, RMS_RN, Lowered
+from amk.backends.cuda.lower import RMS_RN, Lowered
 from amk.backends.cuda.lowered_cache import lower_program_cached
+from amk.backends.cuda.smem import PRE_OFF, RING_BYTES, RING_OFF, STREAM_WIN, WIN_OFF, launch_shape
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
 TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "gemv.cuh", "gemv_pipe.cuh", "attention.cuh",
                   "scheduler.cu")
-THREADS_PER_SM = 512             # split over AMK_CTAS_PER_SM persistent CTAs (launch_shape)
-NTHREADS = THREADS_PER_SM        # one CTA per SM (the default)
 MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
-GEMV_SMEM = 64 * 1024            # x staged as fp32 (lower.XS_MAX floats)
-ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
-RING_OFF = max(GEMV_SMEM, ATTN_SMEM)   # then the weight stream's stages or the pipe's
-STREAM_WIN = 128                 # stream entries per half of the smem window (16 B each)
-WIN_OFF = RING_OFF + RING_BYTES
-SMEM_BYTES = WIN_OFF + 2 * STREAM_WIN * 16        # 196 KiB of the 227 KiB a CTA may have
-PRE_OFF = SMEM_BYTES - 65536     # lower._preload's o-tile rows: the top 64 KiB (ring area free)
-
-
-def launch_shape(ctas_per_sm: int) -> tuple[int, int]:
-    """(threads, dynamic smem bytes) of one CTA when `ctas_per_sm` share an SM. One CTA keeps
-    the 196 KiB layout (work area + weight-stream ring); two get 256 threads (8 warps: the
-    attention's 8 heads a pass still have a warp each) and only the 64 KiB work area below
-    AMK_RING_OFF (x staging, attention), so both fit in the SM's 228 KiB."""
-    if ctas_per_sm == 1:
-        return NTHREADS, SMEM_BYTES
-    return THREADS_PER_SM // ctas_per_sm, RING_OFF
 
 
 @functools.lru_cache(maxsize=1)

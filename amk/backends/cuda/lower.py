@@ -20,6 +20,7 @@ from amk.errors import CompileError
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
 from amk.program.regions import NEW_KV
 from amk.backends.cuda import abi
+from amk.backends.cuda.smem import XS_MAX, launch_shape
 
 # C++ type of each buffer dtype in the templates (bf16/f16 are freestanding bit structs).
 CTYPE = {DType.F32: "float", DType.F16: "f16", DType.BF16: "bf16", DType.I32: "int",
@@ -29,8 +30,6 @@ RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.B
                  **{d.short: d for d in (DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8,
                                          DType.U8)}}
 FLOATS = (DType.F32, DType.F16, DType.BF16)
-XS_MAX = 16384          # floats of x a GEMV stages in shared memory (64 KiB); K must fit
-RING_BYTES = 131072     # smem of the weight stream's stages (knobs.gemv_ring_shape) or the pipe's
 HD_MAX = 256            # largest attention head_dim the templates handle
 RMS_RN = 8              # row elements a thread of rms_row holds (the kernel's AMK_RMS_RN)
 SCRATCH_ALIGN = 256
@@ -287,7 +286,6 @@ def _first_round_prefetch(w: View, n_off: int, n_tile: int, row_bytes: int, nv: 
     one stage of whole tiles is more than the L2 holds (NOTES v8)."""
     if w.kind not in (BufferKind.WEIGHT, BufferKind.CONST):
         return
-    from amk.backends.cuda.codegen import launch_shape
     warps = launch_shape(knobs.ctas_per_sm())[0] // 32
     rows = min(n_tile, 2 * -(-warps // -(-nv // 256)))
     e.prefetch.append((w.ref, n_off * row_bytes, rows * row_bytes))
@@ -940,7 +938,6 @@ def _norm_into_gemv(steps):
     q/k/v and gate/up tasks, NOTES v12). Its args: the norm's input row in place of x, the
     norm's weight appended last (never with the ADD epilogue, whose residual is last); the
     GEMVs after it still read x from shared memory. Runs after _fold_add."""
-    from amk.backends.cuda.codegen import launch_shape
     nt = launch_shape(knobs.ctas_per_sm())[0]
 
     def fold(window, later):

@@ -18,7 +18,8 @@ from amk import knobs
 from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
 from amk.program.ir import BufferKind, InstructionKind, Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.codegen import launch_shape, render_lowered
+from amk.backends.cuda.codegen import render_lowered
+from amk.backends.cuda.smem import launch_shape
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
 from amk.backends.cuda.lower import REF_BUFFER
