@@ -21,7 +21,6 @@ consumers check every value they got (wrong values are counted and printed: a ra
 """
 from __future__ import annotations
 
-import json
 import struct
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 
 import torch  # noqa: E402
-from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
+from gpu_tool import cta_span_us, have_gpu, parser, sweep, warm_median, write_rows  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 from amk.backends.cuda.compile import compile_source  # noqa: E402
 from amk.backends.cuda.driver import Kernel  # noqa: E402
@@ -216,10 +215,8 @@ def run(cfg: dict, W: torch.Tensor, rounds: int = 32, reps: int = 7) -> dict:
                            t.data_ptr(), sink.data_ptr(), bad.data_ptr(), rounds, cfg["rpc"], W.shape[0])
         k.launch(g, NT, torch.cuda.current_stream().cuda_stream, args)
         torch.cuda.synchronize()
-        tt = t.view(g, 2).double()
-        spans.append(float((tt[:, 1].max() - tt[:, 0].min()) / 1e3) / rounds)
-    per_round = sorted(spans[1:])[len(spans[1:]) // 2]
-    return {**cfg, "us_per_round": per_round, "bad_values": int(bad.item()), "regs": k.num_regs,
+        spans.append(cta_span_us(t, g) / rounds)
+    return {**cfg, "us_per_round": warm_median(spans), "bad_values": int(bad.item()), "regs": k.num_regs,
             "local_bytes": k.local_bytes}
 
 
@@ -230,19 +227,11 @@ def main(argv=None) -> int:
     if not have_gpu(__file__):
         return 2
     W = torch.randn(4 * 132 * 1024, K_COLS, device="cuda").to(torch.bfloat16)   # 1.1 GB
-    out = []
     print(f"{'rows a CTA':>10} {'mode':>8} {'u':>3} {'spin':>5} {'us/round':>9} {'bad':>5} {'regs':>5}")
-    for cfg in CONFIGS:
-        try:
-            r = run(cfg, W)
-        except Exception as e:   # a config that does not compile or launch: report, go on
-            print(f"{cfg} failed: {type(e).__name__}: {str(e)[:200]}")
-            continue
-        out.append(r)
-        print(f"{r['rpc']:>10} {r['mode']:>8} {r['u']:>3} {r['spin']:>5} {r['us_per_round']:9.2f} "
-              f"{r['bad_values']:5d} {r['regs']:5d}")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": out}, indent=1))
+    rows = sweep(CONFIGS, lambda cfg: run(cfg, W),
+                 lambda r: (f"{r['rpc']:>10} {r['mode']:>8} {r['u']:>3} {r['spin']:>5} {r['us_per_round']:9.2f} "
+                            f"{r['bad_values']:5d} {r['regs']:5d}"))
+    write_rows(a.json, rows)
     return 0
 
 

@@ -21,7 +21,6 @@ Each config streams rows of W [rows, 2048] bf16 (4 KiB a row): CTA b takes rows
 """
 from __future__ import annotations
 
-import json
 import struct
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 
 import torch  # noqa: E402
-from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
+from gpu_tool import cta_span_us, have_gpu, parser, sweep, warm_median, write_rows  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 from amk.backends.cuda.compile import compile_source  # noqa: E402
 from amk.backends.cuda.driver import Kernel  # noqa: E402
@@ -227,11 +226,10 @@ def run(cfg: dict, W: torch.Tensor, reps: int = 7) -> dict:
                            t.data_ptr(), rpc, rows)
         k.launch(g, cfg["nt"], torch.cuda.current_stream().cuda_stream, args)
         torch.cuda.synchronize()
+        spans.append(cta_span_us(t, g))
         tt = t.view(g, 2).double()
-        spans.append(float((tt[:, 1].max() - tt[:, 0].min()) / 1e3))
         means.append(float((tt[:, 1] - tt[:, 0]).mean() / 1e3))
-    span = sorted(spans[1:])[len(spans[1:]) // 2]
-    mean = sorted(means[1:])[len(means[1:]) // 2]
+    span, mean = warm_median(spans), warm_median(means)
     nbytes = rows * K_COLS * 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return {**cfg, "bulk": list(cfg["bulk"]), "rows": rows, "span_us": span, "cta_mean_us": mean,
@@ -247,22 +245,14 @@ def main(argv=None) -> int:
     if not have_gpu(__file__):
         return 2
     W = torch.randn(8 * 132 * 1024, K_COLS, device="cuda").to(torch.bfloat16)   # 2.2 GB
-    out = []
     print(f"{'config':<34} {'MB':>6} {'span us':>8} {'cta us':>8} {'TB/s':>6} {'GB/s/SM':>8} {'regs':>5}")
-    for c in CONFIGS:
-        cfg = {**BASE, **c}
-        if a.only and a.only not in cfg["name"] and c is not CONFIGS[0]:
-            continue
-        try:
-            r = run(cfg, W)
-        except Exception as e:   # a config that does not compile or launch: report, go on
-            print(f"{cfg['name']:<34} failed: {type(e).__name__}: {str(e)[:200]}")
-            continue
-        out.append(r)
-        print(f"{cfg['name']:<34} {r['rows'] * K_COLS * 2 / 1e6:6.1f} {r['span_us']:8.1f} {r['cta_mean_us']:8.1f} "
-              f"{r['TBps']:6.2f} {r['GBps_per_sm']:8.1f} {r['regs']:5d}")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": out}, indent=1))
+    cfgs = [{**BASE, **c} for c in CONFIGS]
+    cfgs = [cfg for i, cfg in enumerate(cfgs) if not a.only or a.only in cfg["name"] or i == 0]
+    rows = sweep(cfgs, lambda cfg: run(cfg, W),
+                 lambda r: (f"{r['name']:<34} {r['rows'] * K_COLS * 2 / 1e6:6.1f} {r['span_us']:8.1f} "
+                            f"{r['cta_mean_us']:8.1f} {r['TBps']:6.2f} {r['GBps_per_sm']:8.1f} {r['regs']:5d}"),
+                 label=lambda cfg: f"{cfg['name']:<34}")
+    write_rows(a.json, rows)
     return 0
 
 
