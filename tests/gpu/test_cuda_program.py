@@ -79,7 +79,7 @@ def test_chain_matches_reference_vm(queues):
 
 
 def many_waits_program(n_waits=6, stuck=None):
-    """n_waits producers (x * k into p_k, each its own counter) and one ALLREDUCE_SHARD waiting on
+    """n_waits producers (x + x into p_k, each its own counter) and one ALLREDUCE_SHARD waiting on
     all of them: the first abi.INLINE_WAITS waits come from the descriptor, the rest from the
     waits table. stuck=k: wait k needs one more completion than it will ever get."""
     b = Builder("many_waits")

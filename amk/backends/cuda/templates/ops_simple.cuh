@@ -302,8 +302,8 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
 // Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
 // (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
-// copy a partial, one round trip for the whole combine (NOTES v9, v13b); then a thread merges 4 consecutive
-// outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
+// copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
+// consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
 // rows may be landing above it (lower._preload).
 // HDC, NPC: the head dim and the number of partials, template constants (lower._enc_combine): the
 // per-output index math and the loops over partials compile to shifts and straight code.
