@@ -72,7 +72,11 @@ def render_lowered(low: Lowered, ctas_per_sm: int | None = None) -> str:
              f"#define AMK_PF {int(any(t['n_pf'] for t in low.tasks))}\n"
              f"#define AMK_PF_OWN {int(knobs.l2_prefetch() == 2)}\n"
              f"#define AMK_PRE {int(any(t['n_pre'] for t in low.tasks))}\n#define AMK_PRE_OFF {PRE_OFF}\n"
-             f"#define AMK_RMS_RN {RMS_RN}\n",
+             f"#define AMK_RMS_RN {RMS_RN}\n"
+             # code for what the program does not use is not compiled (dead code in the hot
+             # functions costs time: NOTES v16a)
+             f"#define AMK_STREAM {int(len(low.stream) > 0)}\n"
+             f"#define AMK_ZERO {int(any(t['n_zero'] for t in low.tasks))}\n",
              abi.render_header()]
     if knobs.profile():
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n")

@@ -104,6 +104,7 @@ __device__ __noinline__ void op_gemv_pipe(AMK_PARAMS) {
 // precede (nothing else commits cp.async groups between the preload and the GEMV): preload it.
 __device__ __forceinline__ void pipe_preload_task(const TaskDesc& T, const TaskDesc* subs, bool fits,
                                                   void* const* sp, char* smem) {
+  if (!AMK_PIPE_ON) return;                     // no pipe GEMV in the program: no code
   if (T.op == OP_GEMV_TILE || T.op == OP_GEMM_TILE) {
     if (T.ip[P_GEMV_PIPE]) pipe_preload(T, sp, smem);
     return;

@@ -136,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
     mbar_init(&amk_comb_bar, 1); amk_comb_uses = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-    if (amk_ss.n > 0) stream_win_request(smem, 0);
+    if (AMK_STREAM && amk_ss.n > 0) stream_win_request(smem, 0);
   }
   if (qb < qe) slot_stage1(tasks + qt[qb], &s_task[0]);
   for (int j = threadIdx.x; j < qe - qb && j < QUEUE_CAP; j += NT) s_queue[j] = qt[qb + j];
@@ -159,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[AMK_PROF_W * i] = global_timer();
 #endif
-    if (threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
+    if (AMK_STREAM && threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
     if (AMK_PF && warp == NWARPS - 1) {   // the NEXT task's ranges, or (AMK_L2_PREFETCH=2) this one's
       if (!AMK_PF_OWN && next >= 0) prefetch_task(tasks + next, A, lane);
       else if (AMK_PF_OWN && i > qb) prefetch_task(tasks + qt[i], A, lane);
@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
     if (!s_ok) { aborted = true; break; }
     if (T.op == OP_FUSED) {
       const RangeDesc* z = (const RangeDesc*)A.ranges + T.zero_begin;
-      for (int r = 0; r < T.n_zero; r++) {
+      for (int r = 0; r < (AMK_ZERO ? T.n_zero : 0); r++) {
         const unsigned long long za = z[r].addr, zn = z[r].bytes;
         const unsigned long long n16 = (za & 15ull) == 0 ? zn >> 4 : 0;
         for (unsigned long long k = threadIdx.x; k < n16; k += NT) ((uint4*)za)[k] = make_uint4(0u, 0u, 0u, 0u);
@@ -229,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   }
   cp_async_wait<0>();              // nothing may land in shared memory after the CTA exits
   if (AMK_PRE && threadIdx.x == 0 && amk_pre_n > 0) mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
-  if (threadIdx.x == AMK_ISSUER) {   // an aborted queue leaves copies in flight: let them land
+  if (AMK_STREAM && threadIdx.x == AMK_ISSUER) {   // an aborted queue leaves copies in flight: let them land
     for (unsigned j = amk_ss.consumed; j < amk_ss.issued; j++)
       mbar_wait(&amk_full[j % AMK_RING_STAGES], (j / AMK_RING_STAGES) & 1u);
     for (unsigned b = amk_ss.win_done; b < amk_ss.win_req; b++) mbar_wait(&amk_winbar[b & 1], (b >> 1) & 1u);
