@@ -1,5 +1,6 @@
 """CUDA backend on the CPU: render + NVRTC-compile to sm_90a (NVRTC needs no GPU)."""
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -9,6 +10,7 @@ from amk.errors import CompileError
 from amk.program.ir import DType, InstructionKind
 from amk.backends.cuda import abi, codegen, compile_source, examples, render, smem
 from amk.backends.cuda.lower import lower_program
+from amk.models.presets import LLAMA_3_2_1B, random_model
 
 
 @pytest.fixture
@@ -103,6 +105,21 @@ def test_l2_prefetch_is_compiled_out_unless_asked_for(monkeypatch):
     monkeypatch.setenv("AMK_L2_PREFETCH", "3")              # v9's first-round prefetch, opt-in
     assert lower_program(examples.combined_program()).tasks["n_pf"].any()
     assert "#define AMK_PF 1" in render(examples.combined_program())
+
+
+def test_code_for_unused_features_is_compiled_out(monkeypatch):
+    """The weight stream's scheduler code (AMK_STREAM) and the FUSED zero ranges' loop
+    (AMK_ZERO) are compiled only for programs that use them: dead code in the hot functions
+    cost the 1B step time on the H200 (bench/NOTES.md v16a)."""
+    monkeypatch.setenv("AMK_CTAS_PER_SM", "1")
+    monkeypatch.setenv("AMK_GEMV_RING", "0")
+    src = render(examples.combined_program())            # it zeroes a scratch range
+    assert "#define AMK_STREAM 0" in src and "#define AMK_ZERO 1" in src
+    cfg = replace(LLAMA_3_2_1B, max_seq=64, n_layers=1)
+    src = render(random_model(cfg, device="meta").lower(backend="cuda").program)
+    assert "#define AMK_STREAM 0" in src and "#define AMK_ZERO 0" in src
+    monkeypatch.setenv("AMK_GEMV_RING", "1")
+    assert "#define AMK_STREAM 1" in render(examples.combined_program())
 
 
 def test_lineinfo_is_a_separate_cubin_with_a_line_table(cache, monkeypatch):
