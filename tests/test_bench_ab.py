@@ -1,0 +1,49 @@
+"""bench/ab.py, the same-call A/B driver: its variant syntax, the round order and the table
+(the decode runs themselves need a GPU)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def ab():
+    spec = importlib.util.spec_from_file_location("bench_ab", BENCH / "ab.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_ab"] = mod               # its dataclass looks its module up
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules["bench_ab"]
+    sys.path.remove(str(BENCH))                 # ab.py put bench/ first, for gpu_tool
+
+
+def test_a_variant_is_a_tree_and_knobs(ab, tmp_path):
+    assert ab.parse_variant("-") == ab.Variant("-", ab.HERE, {})
+    assert ab.parse_variant("AMK_LL=0,AMK_GEMV_PIPE=2x8").env == {"AMK_LL": "0", "AMK_GEMV_PIPE": "2x8"}
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "decode.py").write_text("")
+    v = ab.parse_variant(f"{tmp_path}:AMK_LL=0")
+    assert (v.tree, v.env) == (tmp_path.resolve(), {"AMK_LL": "0"})
+    assert ab.parse_variant(f"{tmp_path}:-").env == {}
+
+
+@pytest.mark.parametrize("arg, says", [("/nonexistent/tree:-", "holds no bench/decode.py"),
+                                       ("AMK_LL", "'AMK_LL' is not NAME=VAL"),
+                                       ("=1", "is not NAME=VAL")])
+def test_a_bad_variant_says_what_is_wrong(ab, arg, says):
+    with pytest.raises(SystemExit, match=says):
+        ab.parse_variant(arg)
+
+
+def test_rounds_alternate_the_variants_and_the_table_keeps_the_best(ab, capsys):
+    a, b = ab.parse_variant("-"), ab.parse_variant("AMK_LL=0")
+    order, results = [], iter([1.05, 1.10, 1.04, None])
+    rows = ab.run([a, b], 2, lambda v: (order.append(v.name), next(results))[1])
+    assert order == ["-", "AMK_LL=0", "-", "AMK_LL=0"]
+    assert [r["ms"] for r in rows] == [[1.05, 1.04], [1.10, None]]
+    assert [r["best_ms"] for r in rows] == [1.04, 1.10]
+    text = ab.table(rows)
+    assert "- | 1.050 | 1.040 | 1.040" in text and "AMK_LL=0 | 1.100 | - | 1.100" in text
