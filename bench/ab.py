@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_tool import parser  # noqa: E402
 
-HERE = Path(__file__).resolve().parent.parent
+THIS_TREE = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Variant:
 def parse_variant(arg: str) -> Variant:
     """`[TREE:]KNOBS` -> Variant; a clear error for a missing tree or a knob without '='."""
     tree, knobs = arg.split(":", 1) if ":" in arg else ("", arg)
-    path = Path(tree).resolve() if tree else HERE
+    path = Path(tree).resolve() if tree else THIS_TREE
     if not (path / "bench" / "decode.py").is_file():
         raise SystemExit(f"bench/ab.py: variant {arg!r}: {path} holds no bench/decode.py")
     env = {}
@@ -83,11 +83,14 @@ def run(variants: list[Variant], rounds: int, measure) -> list[dict]:
     return rows
 
 
+def _ms(m: float | None) -> str:
+    return "-" if m is None else f"{m:.3f}"
+
+
 def table(rows: list[dict]) -> str:
-    fmt = lambda m: "-" if m is None else f"{m:.3f}"   # noqa: E731
     lines = ["variant | " + " | ".join(f"round {i + 1}" for i in range(len(rows[0]["ms"]))) + " | best",
              "---|" + "---|" * len(rows[0]["ms"]) + "---"]
-    lines += [f"{r['variant']} | " + " | ".join(fmt(m) for m in r["ms"]) + f" | {fmt(r['best_ms'])}"
+    lines += [f"{r['variant']} | " + " | ".join(_ms(m) for m in r["ms"]) + f" | {_ms(r['best_ms'])}"
               for r in rows]
     return "\n".join(lines)
 
