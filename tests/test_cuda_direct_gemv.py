@@ -141,6 +141,24 @@ def test_the_o_projection_tiles_are_preloaded_by_the_task_before_them(monkeypatc
     assert "#define AMK_PRE 1" in render(prog)
 
 
+@pytest.mark.parametrize("preload", ["default", "0"])
+def test_only_the_gemv_variants_that_preload_compile_the_preload_path(monkeypatch, preload):
+    """The template's PRE (the path that reads preloaded rows) is on exactly in the
+    op_gemv_direct variants some descriptor of which has ip PRE > 0: the 1B step's ADD tiles
+    (the o tiles preload; the down tiles share their variant), not q/k/v, gate/up or the LM head."""
+    if preload == "0":
+        monkeypatch.setenv("AMK_PRELOAD", "0")
+    else:
+        monkeypatch.delenv("AMK_PRELOAD", raising=False)
+    _, low = _one_layer_1b()
+    pre = low.tasks["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
+    direct = [v for v, call in enumerate(low.variants) if call.startswith("op_gemv_direct<")]
+    assert len(direct) == 4
+    with_path = {v for v in direct if low.variants[v].endswith(", true>(AMK_ARGS)")}
+    assert with_path == {v for v in direct if pre[low.tasks["variant"] == v].any()}
+    assert len(with_path) == (1 if preload == "default" else 0)
+
+
 @pytest.mark.parametrize("knob, value", [("AMK_PRELOAD", "0"), ("AMK_GEMV_PIPE", "1")])
 def test_no_preload_when_turned_off_or_the_ring_area_is_taken(monkeypatch, knob, value):
     monkeypatch.setenv(knob, value)

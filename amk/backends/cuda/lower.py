@@ -341,6 +341,8 @@ def _attach_preloads(queues, pre_of, rows, ranges) -> None:
 
 def _direct_call(a: dict[str, Any]) -> str:
     norm = f", true, {a['nx']}, {a['nw']}" if a.get("norm") else ""
+    if a.get("pre"):            # some task of this variant reads preloaded rows (lower_program)
+        norm = (norm or ", false, float, float") + ", true"
     return (f"op_gemv_direct<{a['tx']}, {a['tw']}, {a['ty']}, {a['ts']}, {a['nmat']}, {a['epi']}, "
             f"{_b(a['bias'])}, {a['tr']}, {a['to']}{norm}>(AMK_ARGS)")
 
@@ -1059,10 +1061,14 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
     pre_of: dict[int, tuple[list, Encoded]] = {}   # task -> (its preload ranges, its GEMV step)
 
+    direct_of: dict[int, dict[str, Any]] = {}     # variant -> op_gemv_direct's template arguments
+
     def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
         var = -1
         if enc.call is not None:
             var = variants.setdefault(enc.call, len(variants))
+            if enc.direct is not None:
+                direct_of[var] = enc.direct
         d = dict(op=enc.op, variant=var, ptr_begin=len(refs), n_in=len(ins), n_out=len(outs),
                  pf_begin=len(ranges), n_pf=len(enc.prefetch), ip=enc.ip, fp=enc.fp,
                  group=enc.group)
@@ -1150,7 +1156,14 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     for i, (c, th, st) in enumerate(waits):
         wt[i]["counter"], wt[i]["threshold"], wt[i]["stride"] = c, th & 0xFFFFFFFF, st
     stream, stream_off = _weight_streams(table, queues)
-    return Lowered(variants=list(variants), tasks=table, n_program_tasks=n_prog, waits=wt,
+    # the preloaded-rows path only in the op_gemv_direct variants some task of which uses it
+    # (the o tiles after a combine): never-run code in a hot function costs time (NOTES v16)
+    calls = list(variants)
+    pre = table["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
+    for var, tmpl in direct_of.items():
+        if pre[table["variant"] == var].any():
+            calls[var] = _direct_call(dict(tmpl, pre=True))
+    return Lowered(variants=calls, tasks=table, n_program_tasks=n_prog, waits=wt,
                    ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2), ranges=ranges,
                    scratch_bytes=scratch, queues=queues, stream=stream, stream_off=stream_off)
 

@@ -240,14 +240,15 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
 // 3 (ARGMAX, NMAT == 1, lower._argmax_folds): as 0, and the tile's argmax over the values it
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
-// PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF while the
+// ip PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF while the
 // task before ran (lower._preload): items within them read from there once the copy has landed.
+// The template's PRE: that path is compiled (only variants some task of which preloads).
 // NORM (lower._norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
-          bool NORM = false, class NX = float, class NW = float>
+          bool NORM = false, class NX = float, class NW = float, bool PRE = false>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   constexpr int GU = 8;
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
@@ -263,7 +264,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   const bool res_early = EPI == 1 && n_tile <= NT;
   const float rv = res_early && threadIdx.x < n_tile ? to_f(res[n_off + threadIdx.x]) : 0.f;
   AMK_MARK(0);
-  const int pr = AMK_PRE ? d.ip[P_GEMV_PRE] : 0;
+  const int pr = AMK_PRE && PRE ? d.ip[P_GEMV_PRE] : 0;
   if (NORM) rms_row<NX, NW, TX>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
   else if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
   __syncthreads();
@@ -271,7 +272,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   for (int it = warp; it < items; it += NWARPS) {
     uint4 wv[2][GU];
     const int last = NMAT == 2 ? it / nseg : 2 * (it / nseg) + 1;     // the item's last row
-    if (AMK_PRE && (last < pr || pr == n_tile)) {
+    if (AMK_PRE && PRE && (last < pr || pr == n_tile)) {
       mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
       direct_load_pre<NMAT, GU>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
     } else {
@@ -286,10 +287,13 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;   // EPI 3
   for (int r = threadIdx.x; r < (EPI == 2 ? n_tile : NMAT * n_tile); r += NT) {
     float s = 0.f;
+    // not unrolled: nseg is 1-4, and the unrolled copies were never-run code in a hot function
+#pragma unroll 1
     for (int k = 0; k < nseg; k++) s += part[r * nseg + k];
     const int mat = r / n_tile, row = r - mat * n_tile, col = n_off + row;
     if (EPI == 2) {
       float u = 0.f;
+#pragma unroll 1
       for (int k = 0; k < nseg; k++) u += part[(n_tile + r) * nseg + k];
       ((TO*)P[d.n_in])[col] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
     } else {

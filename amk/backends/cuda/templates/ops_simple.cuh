@@ -307,6 +307,32 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 // rows may be landing above it (lower._preload).
 // HDC, NPC: the head dim and the number of partials, template constants (lower._enc_combine): the
 // per-output index math and the loops over partials compile to shifts and straight code.
+// op_combine when its partials cannot be staged in shared memory: read from global memory.
+// Out of line: for the 1B step it never runs, and never-run code inside a hot function costs
+// time (NOTES v16).
+template <class TP, class TO>
+__device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, char* smem, int hd, int np) {
+  const int nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT], B = d.ip[P_COMB_B];
+  const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
+  TO* y = (TO*)P[d.n_in];
+  const int n = B * hc * hd;
+  for (int i = threadIdx.x; i < n; i += NT) {
+    int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
+    long long base = ((long long)b * nh + h) * (hd + 2);
+    float m = -__int_as_float(0x7f800000);
+    for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+    float l = 0.f, acc = 0.f;
+    for (int p = 0; p < np; p++) {
+      const TP* pp = (const TP*)P[p];
+      float lp = to_f(pp[base + hd + 1]);
+      float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
+      l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
+    }
+    const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
+    if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
+  }
+}
+
 template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = HDC, nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
@@ -356,19 +382,5 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     }
     return;
   }
-  for (int i = threadIdx.x; i < n; i += NT) {
-    int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
-    long long base = ((long long)b * nh + h) * (hd + 2);
-    float m = -__int_as_float(0x7f800000);
-    for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
-    float l = 0.f, acc = 0.f;
-    for (int p = 0; p < np; p++) {
-      const TP* pp = (const TP*)P[p];
-      float lp = to_f(pp[base + hd + 1]);
-      float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
-      l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
-    }
-    const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
-    if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
-  }
+  combine_direct<TP, TO>(d, P, smem, hd, np);
 }
