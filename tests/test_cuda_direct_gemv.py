@@ -25,8 +25,8 @@ def _variants(case_name: str) -> list[str]:
 
 
 def test_float_batch1_gemvs_take_the_direct_gemv_and_others_do_not():
-    assert "op_gemv_direct<bf16, bf16, bf16, bf16, 1, 0, true, float, bf16>(AMK_ARGS)" in \
-        _variants("gemv_bf16_bias_tile")
+    assert ("op_gemv_direct<bf16, bf16, bf16, bf16, 1, 0, true, float, bf16, false, float, float, "
+            "false, 8>(AMK_ARGS)") in _variants("gemv_bf16_bias_tile")
     assert any(v.startswith("op_gemv_direct<bf16, float, bf16, float, 1, 0, false")
                for v in _variants("gemv_f32_k1000_odd_rows"))
     assert not any("op_gemv_direct" in v for v in _variants("gemv_f32_batched_novec"))   # M = 3
@@ -56,7 +56,7 @@ def test_gate_up_their_silu_and_the_norm_become_one_gemv_of_two_matrices(swap):
     assert float(d["fp"][abi.fp_index("GEMV", "EPS")]) > 0
     assert (int(d["n_in"]), int(d["n_out"])) == (4, 1)       # x, W_gate, W_up, norm weight -> y
     assert low.variants == ["op_gemv_direct<bf16, bf16, bf16, float, 2, 2, false, float, bf16, "
-                            "true, bf16, bf16>(AMK_ARGS)"]
+                            "true, bf16, bf16, false, 1>(AMK_ARGS)"]      # RN: a 64-wide x
     # the matrix silu is applied to comes first, whichever GEMV step computed it
     assert ptrs == (["x", "w_up", "w_gate", "norm_w", "y"] if swap else ["x", "w_gate", "w_up", "norm_w", "y"])
 
@@ -86,7 +86,7 @@ def test_a_norm_whose_gemv_adds_a_residual_stays_a_step():
     (e, args, outs), = _norm_into_gemv(steps(0))
     assert e.direct["norm"] and e.ip["XS_READY"] == 0 and e.fp["EPS"] == 1e-5
     assert [a.ref for a in args] == [x.ref, wo.ref, w.ref] and outs == [y]
-    assert e.call.endswith(", true, bf16, bf16>(AMK_ARGS)")
+    assert e.call.endswith(", true, bf16, bf16, false, 1>(AMK_ARGS)")   # RN: 64 elements, 1 a thread
 
 
 @pytest.mark.parametrize("which", ["examples", "llama_1b_layer"])
@@ -154,9 +154,12 @@ def test_only_the_gemv_variants_that_preload_compile_the_preload_path(monkeypatc
     pre = low.tasks["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
     direct = [v for v, call in enumerate(low.variants) if call.startswith("op_gemv_direct<")]
     assert len(direct) == 4
-    with_path = {v for v in direct if low.variants[v].endswith(", true>(AMK_ARGS)")}
+    args = {v: low.variants[v].split("<", 1)[1].split(">(")[0].split(", ") for v in direct}
+    with_path = {v for v in direct if args[v][12] == "true"}           # template argument PRE
     assert with_path == {v for v in direct if pre[low.tasks["variant"] == v].any()}
     assert len(with_path) == (1 if preload == "default" else 0)
+    # RN: a NORM variant's threads hold H / 512 = 4 row elements (2048 wide), not RMS_RN = 8
+    assert sorted(a[13] for a in args.values() if a[9] == "true") == ["4", "4", "4"]
 
 
 @pytest.mark.parametrize("knob, value", [("AMK_PRELOAD", "0"), ("AMK_GEMV_PIPE", "1")])

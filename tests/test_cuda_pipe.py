@@ -119,4 +119,5 @@ def test_an_add_that_broadcasts_or_reads_other_columns_is_not_folded():
 
 def test_the_direct_load_gemv_adds_the_residual_too(monkeypatch):
     variants, _ = _combine_o_add_steps(monkeypatch, "0")
-    assert "op_gemv_direct<bf16, bf16, bf16, float, 1, 1, false, bf16, float>(AMK_ARGS)" in variants
+    assert ("op_gemv_direct<bf16, bf16, bf16, float, 1, 1, false, bf16, float, false, float, float, "
+            "false, 8>(AMK_ARGS)") in variants

@@ -340,11 +340,12 @@ def _attach_preloads(queues, pre_of, rows, ranges) -> None:
 
 
 def _direct_call(a: dict[str, Any]) -> str:
-    norm = f", true, {a['nx']}, {a['nw']}" if a.get("norm") else ""
-    if a.get("pre"):            # some task of this variant reads preloaded rows (lower_program)
-        norm = (norm or ", false, float, float") + ", true"
+    """Every template argument of op_gemv_direct, in its order: NORM's row types and its row
+    elements a thread (RN: _norm_into_gemv), PRE (some task of the variant reads preloaded
+    rows: lower_program)."""
     return (f"op_gemv_direct<{a['tx']}, {a['tw']}, {a['ty']}, {a['ts']}, {a['nmat']}, {a['epi']}, "
-            f"{_b(a['bias'])}, {a['tr']}, {a['to']}{norm}>(AMK_ARGS)")
+            f"{_b(a['bias'])}, {a['tr']}, {a['to']}, {_b(a.get('norm', False))}, {a.get('nx', 'float')}, "
+            f"{a.get('nw', 'float')}, {_b(a.get('pre', False))}, {a.get('rn', RMS_RN)}>(AMK_ARGS)")
 
 
 def _direct_fits(Kd: int, n_tile: int, nv: int) -> bool:
@@ -949,7 +950,8 @@ def _norm_into_gemv(steps):
                 and g.direct["epi"] != 1 and not g.direct.get("norm") and ga[0].ref == no[0].ref
                 and na[0].dtype in FLOATS and na[1].dtype in FLOATS):
             return None
-        tmpl = dict(g.direct, norm=True, nx=_ft(None, na[0].dtype), nw=_ft(None, na[1].dtype))
+        tmpl = dict(g.direct, norm=True, nx=_ft(None, na[0].dtype), nw=_ft(None, na[1].dtype),
+                    rn=-(-n.ip["H"] // nt))        # the row elements a thread holds, no more
         e = Encoded(g.op, _direct_call(tmpl), dict(g.ip, XS_READY=0), dict(g.fp, EPS=n.fp["EPS"]),
                     g.group, n.prefetch + g.prefetch, direct=tmpl)
         return e, [na[0]] + ga[1:] + [na[1]], go

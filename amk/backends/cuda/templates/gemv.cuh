@@ -248,7 +248,7 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
-          bool NORM = false, class NX = float, class NW = float, bool PRE = false>
+          bool NORM = false, class NX = float, class NW = float, bool PRE = false, int RN = RMS_RN>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   constexpr int GU = 8;
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
@@ -265,7 +265,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   const float rv = res_early && threadIdx.x < n_tile ? to_f(res[n_off + threadIdx.x]) : 0.f;
   AMK_MARK(0);
   const int pr = AMK_PRE && PRE ? d.ip[P_GEMV_PRE] : 0;
-  if (NORM) rms_row<NX, NW, TX>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
+  if (NORM) rms_row<NX, NW, TX, RN>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
   else if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
   __syncthreads();
   AMK_MARK(1);

@@ -44,21 +44,21 @@ __device__ __noinline__ void op_allreduce(AMK_PARAMS) {
 // out = round_TY((x * rsqrt(mean(x^2) + eps)) * w), to xs (fp32) when xs, else to y. Also the
 // norm op_gemv_direct runs itself (NORM, lower._norm_into_gemv): the same bits either way.
 constexpr int RMS_RN = AMK_RMS_RN;     // lower.RMS_RN: _norm_into_gemv folds rows this fits
-template <class TX, class TW, class TY>
+template <class TX, class TW, class TY, int RN = RMS_RN>
 __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float eps, float* xs, TY* y) {
-  float xv[RMS_RN], wv[RMS_RN], ss = 0.f;
+  float xv[RN], wv[RN], ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < RMS_RN; k++) {
+  for (int k = 0; k < RN; k++) {
     const int i = threadIdx.x + k * NT;
     xv[k] = i < H ? to_f(xr[i]) : 0.f;
     wv[k] = i < H ? to_f(w[i]) : 0.f;
   }
 #pragma unroll
-  for (int k = 0; k < RMS_RN; k++) ss += xv[k] * xv[k];     // the loop below's order: same bits
+  for (int k = 0; k < RN; k++) ss += xv[k] * xv[k];     // the loop below's order: same bits
   ss = block_sum(ss);
   const float rs = rsqrtf(ss / (float)H + eps);
 #pragma unroll
-  for (int k = 0; k < RMS_RN; k++) {
+  for (int k = 0; k < RN; k++) {
     const int i = threadIdx.x + k * NT;
     if (i < H) {
       const TY o = from_f<TY>((xv[k] * rs) * wv[k]);
