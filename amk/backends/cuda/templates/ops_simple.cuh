@@ -297,16 +297,6 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
   }
 }
 
-// Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
-// TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
-// into the next GEMVs' fp32 x staging area at smem[0] instead of y.
-// Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
-// (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
-// copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
-// consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
-// rows may be landing above it (lower._preload).
-// HDC, NPC: the head dim and the number of partials, template constants (lower._enc_combine): the
-// per-output index math and the loops over partials compile to shifts and straight code.
 // op_combine when its partials cannot be staged in shared memory: read from global memory.
 // Out of line: for the 1B step it never runs, and never-run code inside a hot function costs
 // time (NOTES v16).
@@ -333,6 +323,16 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
   }
 }
 
+// Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
+// TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
+// into the next GEMVs' fp32 x staging area at smem[0] instead of y.
+// Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
+// (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
+// copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
+// consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
+// rows may be landing above it (lower._preload).
+// HDC, NPC: the head dim and the number of partials, template constants (lower._enc_combine): the
+// per-output index math and the loops over partials compile to shifts and straight code.
 template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = HDC, nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
