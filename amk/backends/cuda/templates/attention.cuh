@@ -16,7 +16,8 @@ __device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, 
     const int half = hd / 2, fj = e < half ? e : e - half;
     const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[d.n_in - 1])[fj])
                                              : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
-    const float ang = p * inv, cs = cosf(ang), sn = sinf(ang);
+    float sn, cs;
+    sincosf(p * inv, &sn, &cs);
     x = e < half ? x * cs - to_f(kn[e + half]) * sn : x * cs + to_f(kn[e - half]) * sn;
     x = to_f(from_f<TN>(x));
   }
@@ -204,6 +205,7 @@ template <class T>
 __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
                                                 int cn, int hd) {
   const int nvr = hd * (int)sizeof(T) / 16;
+#pragma unroll 1                                   // unrolled, its remainder paths were 2 x 111 never-run instructions
   for (int i = threadIdx.x; i < cn * nvr; i += NT) {
     const int r = i / nvr, v = i - r * nvr;
     cp_async16(dst + r * rs + v * 16, (const char*)(base + (long long)r * stride) + v * 16);
@@ -246,7 +248,8 @@ __device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, 
       const int fj = j < half ? j : j - half, pi = j < half ? ii + half : ii - half;
       const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[d.n_in - 1])[fj])
                                                : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
-      const float ang = p * inv, cs = cosf(ang), sn = sinf(ang);
+      float sn, cs;
+      sincosf(p * inv, &sn, &cs);                    // one range reduction for both
       const float xp = isk ? to_f(kn[pi]) : to_f(q[pi]);
       const float o = j < half ? x * cs - xp * sn : x * cs + xp * sn;
       r = isk ? to_f(from_f<TN>(o)) : to_f(from_f<TQ>(o));

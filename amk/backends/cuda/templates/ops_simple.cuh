@@ -137,7 +137,8 @@ __device__ __noinline__ void op_rope(AMK_PARAMS) {
     int fj = j < half ? j : j - half;
     float inv = d.ip[P_ROPE_HAS_INV] ? to_f(invf[fj]) : 1.0f / powf(theta, (float)fj / (float)half);
     float ang = p * inv;
-    float cs = cosf(ang), sn = sinf(ang);
+    float cs, sn;
+    sincosf(ang, &sn, &cs);
     float xv = to_f(x[flat]);
     float o = j < half ? xv * cs - to_f(x[flat + half]) * sn : xv * cs + to_f(x[flat - half]) * sn;
     y[flat] = from_f<TY>(o);
@@ -175,7 +176,9 @@ __device__ __noinline__ void op_kv_append(AMK_PARAMS) {
       const int j = (int)(i % rhd), fj = j < half ? j : j - half;
       const float inv = d.ip[P_KV_ROPE_INV] ? to_f(((const TF*)P[2])[fj])
                                              : 1.0f / powf(d.fp[F_KV_THETA], (float)fj / (float)half);
-      const float ang = (float)p * inv, cs = cosf(ang), sn = sinf(ang), x = to_f(v);
+      float sn, cs;
+      sincosf((float)p * inv, &sn, &cs);
+      const float x = to_f(v);
       v = from_f<TN>(j < half ? x * cs - to_f(src[i + half]) * sn : x * cs + to_f(src[i - half]) * sn);
     }
     cache[(b * max_seq + p) * rowlen + k] = Cast<TC, TN>::go(v);
