@@ -15,7 +15,7 @@ __device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, 
   if (d.ip[P_ATTN_K_ROPE]) {
     const int half = hd / 2, fj = e < half ? e : e - half;
     const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[d.n_in - 1])[fj])
-                                             : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
+                                             : rope_inv_pow(d.fp[F_ATTN_THETA], fj, half);
     float sn, cs;
     sincosf(p * inv, &sn, &cs);
     x = e < half ? x * cs - to_f(kn[e + half]) * sn : x * cs + to_f(kn[e - half]) * sn;
@@ -247,7 +247,7 @@ __device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, 
     if (d.ip[isk ? P_ATTN_K_ROPE : P_ATTN_Q_ROPE]) {
       const int fj = j < half ? j : j - half, pi = j < half ? ii + half : ii - half;
       const float inv = d.ip[P_ATTN_ROPE_INV] ? to_f(((const TF*)P[d.n_in - 1])[fj])
-                                               : 1.0f / powf(d.fp[F_ATTN_THETA], (float)fj / (float)half);
+                                               : rope_inv_pow(d.fp[F_ATTN_THETA], fj, half);
       float sn, cs;
       sincosf(p * inv, &sn, &cs);                    // one range reduction for both
       const float xp = isk ? to_f(kn[pi]) : to_f(q[pi]);

@@ -135,7 +135,7 @@ __device__ __noinline__ void op_rope(AMK_PARAMS) {
     int pi = npos > 1 ? (int)(head / heads_per_pos) : 0;
     float p = (float)read_int((const char*)pos + (long long)pi * (d.ip[P_ROPE_POS64] ? 8 : 4), d.ip[P_ROPE_POS64]);
     int fj = j < half ? j : j - half;
-    float inv = d.ip[P_ROPE_HAS_INV] ? to_f(invf[fj]) : 1.0f / powf(theta, (float)fj / (float)half);
+    float inv = d.ip[P_ROPE_HAS_INV] ? to_f(invf[fj]) : rope_inv_pow(theta, fj, half);
     float ang = p * inv;
     float cs, sn;
     sincosf(ang, &sn, &cs);
@@ -175,7 +175,7 @@ __device__ __noinline__ void op_kv_append(AMK_PARAMS) {
     if (rhd) {
       const int j = (int)(i % rhd), fj = j < half ? j : j - half;
       const float inv = d.ip[P_KV_ROPE_INV] ? to_f(((const TF*)P[2])[fj])
-                                             : 1.0f / powf(d.fp[F_KV_THETA], (float)fj / (float)half);
+                                             : rope_inv_pow(d.fp[F_KV_THETA], fj, half);
       float sn, cs;
       sincosf((float)p * inv, &sn, &cs);
       const float x = to_f(v);

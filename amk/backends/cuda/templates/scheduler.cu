@@ -65,6 +65,16 @@ __device__ __forceinline__ void load_desc(const TaskDesc* src, const unsigned lo
   for (int i = threadIdx.x; i < np; i += NT) dptrs[i] = (void*)ptrs[pb + i];
 }
 
+// A FUSED step of a task too large for its slot: its descriptor and pointers from global
+// memory. Out of line: inlined, its never-run copy loops sat inside the scheduler's task loop.
+__device__ __noinline__ void run_unstaged(const TaskDesc* sub, const unsigned long long* ptrs, TaskDesc* s_sub,
+                                          void** s_sub_ptrs, char* smem, KernelState* st) {
+  __syncthreads();
+  load_desc(sub, ptrs, s_sub, s_sub_ptrs);
+  __syncthreads();
+  run_variant(*s_sub, s_sub_ptrs, smem, st);
+}
+
 __device__ __forceinline__ void prefetch_task(const TaskDesc* t, const KernelArgs& A, int lane) {
   const RangeDesc* r = (const RangeDesc*)A.ranges + t->pf_begin;
   for (int i = lane; i < t->n_pf; i += 32) prefetch_l2(r[i].addr, r[i].bytes);
@@ -204,10 +214,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
           const TaskDesc& S = s_subs[slot][s];
           run_variant(S, &s_ptrs[slot][S.ptr_begin - T.ptr_begin], smem, st);
         } else {
-          __syncthreads();
-          load_desc(tasks + T.sub_begin + s, ptrs, &s_sub, s_sub_ptrs);
-          __syncthreads();
-          run_variant(s_sub, s_sub_ptrs, smem, st);
+          run_unstaged(tasks + T.sub_begin + s, ptrs, &s_sub, s_sub_ptrs, smem, st);
         }
       }
     } else {
