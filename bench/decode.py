@@ -2,8 +2,9 @@
 
 Reports, from ONE run: the measured read bandwidth and the floor it implies (weight + KV bytes
 over that bandwidth), AMK cuda (one persistent kernel), AMK triton (one launch per task, CUDA
-graph), AMK reference VM on the GPU, eager torch and torch.compile(mode="reduce-overhead"), and
-AMK's cold and warm compile times. Prints a table; writes JSON.
+graph), AMK reference VM on the GPU, eager torch, torch.compile(mode="reduce-overhead") and the
+same compiled step replayed from one CUDA graph (GPU time only, as AMK cuda's), and AMK's cold
+and warm compile times. Prints a table; writes JSON.
 
     python bench/decode.py --contexts 128 1024 4096 --json bench/results.json
 """
@@ -46,20 +47,26 @@ def time_ms(fn, iters: int, reps: int = 5) -> float:
     return statistics.median(out)
 
 
+def replay_ms(fn, iters: int, warm: int = 1) -> float:
+    """Per-call time of fn's GPU work captured once in a CUDA graph and replayed (no host work)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warm):
+            fn()
+        s.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return time_ms(g.replay, iters=iters)
+
+
 def graph_ms(step, args, iters: int) -> float:
     """Per-step time of the megakernel's launch captured in a CUDA graph (no host work)."""
     exe, bindings = step.executable(*args)
     exe.run(bindings)                          # bind this step's tensors
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        exe.launch()
-        s.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            exe.launch()
-    torch.cuda.current_stream().wait_stream(s)
-    ms = time_ms(g.replay, iters=iters)
+    ms = replay_ms(exe.launch, iters)
     exe.check()                                # a fault in any replay would show here
     return ms
 
@@ -109,9 +116,11 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
     row["eager_ms"] = time_ms(lambda: torch_decode_step(m.config, params, token, pos, kv), iters=10)
     if compile_peer:
         t0 = time.perf_counter()
-        for layer in kv:       # in-place cache updates: static addresses keep CUDA graphs on
-            for t in layer.values():
-                torch._dynamo.mark_static_address(t)
+        # Static addresses: the caches (updated in place) keep CUDA graphs on, and the weights
+        # (lifted as graph inputs) are not copied into the graph's buffers at every replay
+        # (without it this column showed 3.1 ms, with it 1.34-1.45: bench/NOTES.md v17f)
+        for t in [t for layer in kv for t in layer.values()] + list(_leaves(params)):
+            torch._dynamo.mark_static_address(t)
         comp = torch.compile(lambda t, p: torch_decode_step(m.config, params, t, p, kv),
                              mode="reduce-overhead", fullgraph=True)
         for _ in range(3):
@@ -119,6 +128,10 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
         torch.cuda.synchronize()
         row["compile_peer_s"] = time.perf_counter() - t0
         row["torch_compile_ms"] = time_ms(lambda: comp(token, pos), iters=iters)
+        # The same step compiled without cudagraphs of its own, replayed from one CUDA graph as
+        # amk_cuda_ms is: GPU time only, whatever reduce-overhead's replay does on the host.
+        plain = torch.compile(lambda t, p: torch_decode_step(m.config, params, t, p, kv), fullgraph=True)
+        row["torch_compile_graph_ms"] = replay_ms(lambda: plain(token, pos), iters, warm=3)
 
     for be in backends:
         try:
@@ -210,7 +223,7 @@ def print_table(r: dict) -> None:
         print("compile:", ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in r["compile"].items()))
     cols = ["floor_ms", "amk_cuda_ms", "fraction_of_floor", "amk_cuda_call_ms", "amk_triton_ms",
-            "amk_reference_ms", "eager_ms", "torch_compile_ms"]
+            "amk_reference_ms", "eager_ms", "torch_compile_ms", "torch_compile_graph_ms"]
     print(f"{'context':>8} " + " ".join(f"{c:>18}" for c in cols))
     for row in r["rows"]:
         cells = []

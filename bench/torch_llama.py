@@ -19,13 +19,20 @@ def _rope(x, pos, inv_freq, hd):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).view_as(x).to(x.dtype)
 
 
+def _attention(q, k, v, mask):
+    """q [nkv, rep, hd] (a kv group's heads together), k and v the cache [S, nkv, hd]: two
+    batched matmuls over strided views of the cache (no copy of it, no repeat of the kv heads)."""
+    s = torch.matmul(q, k.permute(1, 2, 0)).float() * q.shape[-1] ** -0.5 + mask   # [nkv, rep, S]
+    return torch.matmul(s.softmax(-1).to(v.dtype), v.permute(1, 0, 2))           # [nkv, rep, hd]
+
+
 def torch_decode_step(cfg, params, token, pos, kv):
     """Batch-1 decode; the KV cache [max_seq, n_kv, hd] is updated in place at pos."""
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     x = params["embed"][token]                        # [1, H]
     p_idx = pos.long()
     seq = torch.arange(kv[0]["k"].shape[0], device=x.device)
-    mask = torch.where(seq <= p_idx, 0.0, float("-inf")).to(x.dtype)   # static shape: graph-safe
+    mask = torch.where(seq <= p_idx, 0.0, float("-inf"))   # fp32, static shape: graph-safe
     for p, cache in zip(params["layers"], kv):
         h = _rms(x, p["attn_norm"], cfg.rms_eps)
         q = _rope(F.linear(h, p["wq"]), pos, params["inv_freq"], hd)
@@ -33,11 +40,7 @@ def torch_decode_step(cfg, params, token, pos, kv):
         v = F.linear(h, p["wv"])
         cache["k"].index_copy_(0, p_idx, k.view(1, nkv, hd))
         cache["v"].index_copy_(0, p_idx, v.view(1, nkv, hd))
-        qh = q.view(1, nh, 1, hd)
-        kh = cache["k"].permute(1, 0, 2).unsqueeze(0)     # [1, nkv, S, hd]
-        vh = cache["v"].permute(1, 0, 2).unsqueeze(0)
-        a = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask.view(1, 1, 1, -1),
-                                           enable_gqa=True)
+        a = _attention(q.view(nkv, nh // nkv, hd), cache["k"], cache["v"], mask)
         x = x + F.linear(a.reshape(1, nh * hd), p["wo"])
         h = _rms(x, p["mlp_norm"], cfg.rms_eps)
         x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
