@@ -117,8 +117,10 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
     if compile_peer:
         t0 = time.perf_counter()
         # Static addresses: the caches (updated in place) keep CUDA graphs on, and the weights
-        # (lifted as graph inputs) are not copied into the graph's buffers at every replay
-        # (without it this column showed 3.1 ms, with it 1.34-1.45: bench/NOTES.md v17f)
+        # (lifted as graph inputs) are not copied into the graph's buffers at every replay.
+        # Without it this column showed 3.1 ms; with it 1.34-1.45, but 3.09 in one run on a
+        # machine warm from an unmarked compile (a stale inductor cache?): bench/NOTES.md v17f.
+        # torch_compile_graph_ms below has no cudagraph trees and read 1.44 in both runs.
         for t in [t for layer in kv for t in layer.values()] + list(_leaves(params)):
             torch._dynamo.mark_static_address(t)
         comp = torch.compile(lambda t, p: torch_decode_step(m.config, params, t, p, kv),

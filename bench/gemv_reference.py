@@ -6,13 +6,11 @@ per SM in bench/profile_decode.py. Prints a table; writes JSON with --json.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
-from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
+from gpu_tool import have_gpu, parser, write_rows  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 SHAPES = {"gate+up": (16384, 2048), "down": (2048, 8192), "q / o": (2048, 2048),
           "lm_head": (128256, 2048)}
@@ -51,8 +49,7 @@ def main(argv=None) -> int:
         tbs = n * k * 2 / us / 1e6
         rows.append({"weight": name, "n": n, "k": k, "us": us, "TBps": tbs, "GBps_per_sm": tbs * 1e3 / sms})
         print(f"{name:>10} {f'[{n},{k}]':>14} {us:8.1f} {tbs:6.2f} {tbs * 1e3 / sms:8.1f}")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows}, indent=1))
+    write_rows(a.json, rows)
     return 0
 
 

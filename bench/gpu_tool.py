@@ -1,8 +1,10 @@
-"""The command line every GPU bench tool shares: a parser that shows the tool's docstring, and
-the check that a CUDA GPU is there (else the tool says so and exits 2)."""
+"""What the GPU bench tools share: a parser that shows the tool's docstring, the check that a
+CUDA GPU is there (else the tool says so and exits 2), and the probes' sweep loop, JSON rows and
+%globaltimer arithmetic."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -38,7 +40,6 @@ def sweep(configs, run, line, label=str) -> list[dict]:
 def write_rows(path: str | None, rows: list[dict]) -> None:
     """The sweep's rows as JSON with the device's name (nothing when path is None)."""
     if path:
-        import json
         import torch
         Path(path).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows}, indent=1))
 
