@@ -213,6 +213,15 @@ __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base
   cp_async_commit();
 }
 
+// A window longer than one chunk: the next chunk's K and V rows, as the first chunk's. Out of
+// line: the 1B step's shards fit one chunk, and inlined this was never-run code in the attention.
+template <class TK, class TV>
+__device__ __noinline__ void attn_restage(char* ks, int krs, const TK* kb, char* vs, int vrs, const TV* vb,
+                                          long long stride, int cn, int hd) {
+  attn_stage_rows(ks, krs, kb, stride, cn, hd);
+  attn_stage_rows(vs, vrs, vb, stride, cn, hd);
+}
+
 // op_attention_smem's shared memory: qs [hg][hd], the new rows [2][hd], scores [hg][cr],
 // probabilities [cr][hgp], then K [cr][krs] at byte ks and V [cr][vrs] at byte vs: cr positions
 // a chunk, as many as fit below AREA (the work area + the ring area when free, below the next
@@ -340,10 +349,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         for (int j = 0; j < HG; j++) acc[j][0] = acc[j][1] = 0.f;
         for (long long t0 = lo; t0 < hi; t0 += CR) {
           const int cn = hi - t0 < CR ? (int)(hi - t0) : CR;
-          if (t0 != lo) {                                    // after the previous chunk's last barrier
-            attn_stage_rows(ks, krs, kbase + t0 * rstride, rstride, cn, hd);
-            attn_stage_rows(vs, vrs, vbase + t0 * rstride, rstride, cn, hd);
-          }
+          if (t0 != lo) attn_restage(ks, krs, kbase + t0 * rstride, vs, vrs, vbase + t0 * rstride, rstride, cn, hd);   // after the previous chunk's last barrier
           cp_async_wait<1>();                                // K (V may still be in flight)
           __syncthreads();
           AMK_MARK(3);
