@@ -349,7 +349,8 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         for (int j = 0; j < HG; j++) acc[j][0] = acc[j][1] = 0.f;
         for (long long t0 = lo; t0 < hi; t0 += CR) {
           const int cn = hi - t0 < CR ? (int)(hi - t0) : CR;
-          if (t0 != lo) attn_restage(ks, krs, kbase + t0 * rstride, vs, vrs, vbase + t0 * rstride, rstride, cn, hd);   // after the previous chunk's last barrier
+          if (t0 != lo)                                      // after the previous chunk's last barrier
+            attn_restage(ks, krs, kbase + t0 * rstride, vs, vrs, vbase + t0 * rstride, rstride, cn, hd);
           cp_async_wait<1>();                                // K (V may still be in flight)
           __syncthreads();
           AMK_MARK(3);
