@@ -120,7 +120,7 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
         # (lifted as graph inputs) are not copied into the graph's buffers at every replay.
         # Without it this column showed 3.1 ms; with it 1.34-1.45, but 3.09 in one run on a
         # machine warm from an unmarked compile (a stale inductor cache?): bench/NOTES.md v17f.
-        # torch_compile_graph_ms below has no cudagraph trees and read 1.44 in both runs.
+        # torch_compile_graph_ms below has no cudagraph trees and read 1.44-1.45 in every run.
         for t in [t for layer in kv for t in layer.values()] + list(_leaves(params)):
             torch._dynamo.mark_static_address(t)
         comp = torch.compile(lambda t, p: torch_decode_step(m.config, params, t, p, kv),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "bench"     # as ab.py puts it on sys.path
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 // GEMV / GEMM tile: y[:, n_off:n_off+n_tile] = x[M, K] @ W[n_off:n_off+n_tile, :K].T (+ bias),
 // float weights or weight-only int8 / packed int4 with group scales (+ zeros), seed layout.
-// x is staged once in shared memory as fp32 (unless XS_READY: a fused norm wrote it there); each warp streams RPW weight rows with 16-byte
-// loads, U vectors per row in flight per lane (the L2 already holds them: the scheduler
-// prefetched this task's rows before its counter wait).
+// x is staged once in shared memory as fp32 (unless XS_READY: a fused norm wrote it there);
+// each warp streams RPW weight rows with 16-byte loads, U vectors per row in flight per lane
+// (from HBM: the scheduler's L2 prefetch of them is off by default, AMK_L2_PREFETCH, NOTES v10).
 
 template <int QMODE, class TW> struct GemvVec { static constexpr int N = QMODE == 0 ? VecN<TW>::N : (QMODE == 1 ? 16 : 32); };
 
