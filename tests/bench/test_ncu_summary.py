@@ -19,7 +19,7 @@ from amk.backends.cuda.compile import DEFAULT_OPTIONS  # noqa: E402
 _triton = importlib.util.find_spec("triton")
 NVDISASM = (Path(_triton.origin).parent / "backends" / "nvidia" / "bin" / "nvdisasm" if _triton
             else Path("/nonexistent"))
-spec = importlib.util.spec_from_file_location("ncu_summary", Path(__file__).parents[1] / "bench" / "ncu_summary.py")
+spec = importlib.util.spec_from_file_location("ncu_summary", Path(__file__).parents[2] / "bench" / "ncu_summary.py")
 ns = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ns)
 

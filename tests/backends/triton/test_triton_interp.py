@@ -434,7 +434,7 @@ def _programs():
     its file: that module compiles nothing at import)."""
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).parent / "gpu" / "test_triton_gpu.py"
+    path = Path(__file__).parents[2] / "gpu" / "test_triton_gpu.py"
     spec = importlib.util.spec_from_file_location("_triton_gpu_programs", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

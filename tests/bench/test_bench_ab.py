@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"     # as ab.py puts it on sys.path
+BENCH = Path(__file__).resolve().parents[2] / "bench"     # as ab.py puts it on sys.path
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ pytest.importorskip("cuda.bindings")
 
 from amk.backends.cuda import compile_source  # noqa: E402
 
-BENCH = Path(__file__).parents[1] / "bench"
+BENCH = Path(__file__).parents[2] / "bench"
 
 
 def _load(name: str):
