@@ -16,5 +16,6 @@ def have_gpu(tool: str) -> bool:
     import torch
     if torch.cuda.is_available():
         return True
-    print(f"bench/{Path(tool).name} needs a CUDA GPU", file=sys.stderr)
+    root = Path(__file__).resolve().parent.parent
+    print(f"{Path(tool).resolve().relative_to(root)} needs a CUDA GPU", file=sys.stderr)
     return False
