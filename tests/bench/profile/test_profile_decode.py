@@ -2,7 +2,6 @@
 program as the cuda options schedule it, with made-up profile rows (task, queue, wait start,
 wait end, end in ns, SM) and FUSED step starts, so every figure it prints is known."""
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,11 @@ TOOL = Path(__file__).resolve().parents[3] / "bench" / "profile" / "profile_deco
 
 @pytest.fixture(scope="module")
 def pd():
-    old = os.environ.get("AMK_PROFILE")
     spec = importlib.util.spec_from_file_location("profile_decode", TOOL)
     mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)                # it sets AMK_PROFILE=1 for its own run
-    finally:
-        if old is None:
-            os.environ.pop("AMK_PROFILE", None)
-        else:
-            os.environ["AMK_PROFILE"] = old
+    with pytest.MonkeyPatch.context() as mp:        # it sets AMK_PROFILE=1 for its own run:
+        mp.setenv("AMK_PROFILE", "1")               # undone for the tests after this one
+        spec.loader.exec_module(mod)
     return mod
 
 
