@@ -8,7 +8,7 @@ its tree (PYTHONPATH = the tree). Alternating rounds keep slow drift (clocks, ot
 out of the comparison; count a difference only when it is well above the spread of the rounds
 (bench/NOTES.md: ~5 us at context 1024).
 
-    python3 bench/ab.py --rounds 2 - AMK_GEMV_PIPE=0 _dev/main:- _dev/main:AMK_LL=0
+    python3 bench/ab.py --rounds 2 - AMK_SPIN_NS=256 _dev/main:- _dev/main:AMK_PRELOAD=0
 
 Prints one line per run, then a table (ms per round, best) and writes it as JSON (--json).
 """
