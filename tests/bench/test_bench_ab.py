@@ -23,14 +23,14 @@ def ab():
 def test_a_variant_is_a_tree_and_knobs(ab, tmp_path):
     assert ab.parse_variant("-") == ab.Variant("-", ab.THIS_TREE, {})
     assert ab.parse_variant("AMK_PRELOAD=0,AMK_SPIN_NS=256").env == {"AMK_PRELOAD": "0", "AMK_SPIN_NS": "256"}
-    (tmp_path / "bench").mkdir()
-    (tmp_path / "bench" / "decode.py").write_text("")
+    (tmp_path / "amk").mkdir()
+    (tmp_path / "amk" / "__init__.py").write_text("")
     v = ab.parse_variant(f"{tmp_path}:AMK_PRELOAD=0")
     assert (v.tree, v.env) == (tmp_path.resolve(), {"AMK_PRELOAD": "0"})
     assert ab.parse_variant(f"{tmp_path}:-").env == {}
 
 
-@pytest.mark.parametrize("arg, says", [("/nonexistent/tree:-", "holds no bench/decode.py"),
+@pytest.mark.parametrize("arg, says", [("/nonexistent/tree:-", "holds no amk/ package"),
                                        ("AMK_PRELOAD", "'AMK_PRELOAD' is not NAME=VAL"),
                                        ("=1", "is not NAME=VAL")])
 def test_a_bad_variant_says_what_is_wrong(ab, arg, says):
