@@ -14,7 +14,7 @@ import torch
 
 from amk.errors import TraceError, ValidationError
 from amk.backends.reference.semantics_common import column_range, f32, host_int
-from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE flags bits
+from amk.program.regions import NEW_KV, PARTIAL_WRITE, kv_window   # the ATTENTION_TILE flags bits
 
 
 def _cache_view(c: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -41,7 +41,8 @@ def _head_range(params, n_heads: int, rep: int) -> tuple[int, int]:
 
 
 def attention_tile(inputs, outputs, params, ctx):
-    """softmax(q.k^T * scale).v over cache rows [kv_start, kv_start+kv_len) ∩ [0, pos+1).
+    """softmax(q.k^T * scale).v over cache rows [kv_start, kv_start+kv_len) ∩ [0, pos+1), or
+    shard kv_shard of kv_shards equal pieces of that live window (regions.kv_window).
 
     inputs = [q, k_cache, v_cache, pos?]. flags bit 1 (PARTIAL_WRITE): out is the split-KV flash
     partial ``[B?, n_heads, head_dim+2] = [acc | m | l]`` (un-normalised acc = sum exp(s-m) v);
@@ -65,11 +66,10 @@ def attention_tile(inputs, outputs, params, ctx):
     g0, g1 = h_off // rep, (h_off + hc) // rep
     scale = float(params.get("scale", 1.0 / hd ** 0.5))
 
-    lo = int(params.get("kv_start", 0))
-    hi = min(max_seq, lo + int(params.get("kv_len", max_seq - lo)))
-    if len(inputs) > 3 and inputs[3] is not None:              # ext: clamp by the runtime pos
-        hi = min(hi, host_int(inputs[3], ctx) + 1)
-    hi = max(hi, lo)
+    kv_start = int(params.get("kv_start", 0))
+    pos = host_int(inputs[3], ctx) if len(inputs) > 3 and inputs[3] is not None else None
+    lo, hi = kv_window(kv_start, int(params.get("kv_len", max_seq - kv_start)), max_seq, pos,
+                       int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)))
 
     qg = f32(q[:, h_off:h_off + hc]).reshape(B, g1 - g0, rep, hd)     # [B, G, rep, hd]
     kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
