@@ -6,9 +6,7 @@ from amk import knobs
 
 
 @pytest.mark.parametrize("name, bad", [
-    ("AMK_GEMV_PIPE", "3x4"), ("AMK_GEMV_PIPE", "fast"), ("AMK_GEMV_RING", "4x64"),
-    ("AMK_GEMV_RING", "1x32"), ("AMK_L2_PREFETCH", "4"), ("AMK_SPIN_NS", "8"),
-    ("AMK_COUNTER_STRIDE", "3"), ("AMK_CTAS_PER_SM", "4"), ("AMK_PRELOAD", "65552"),
+    ("AMK_SPIN_NS", "8"), ("AMK_COUNTER_STRIDE", "3"), ("AMK_PRELOAD", "65552"),
     ("AMK_PRELOAD", "100")])
 def test_a_bad_knob_value_names_the_knob(monkeypatch, name, bad):
     monkeypatch.setenv(name, bad)
@@ -17,9 +15,7 @@ def test_a_bad_knob_value_names_the_knob(monkeypatch, name, bad):
 
 
 @pytest.mark.parametrize("name, value", [
-    ("AMK_GEMV_PIPE", "2x8"), ("AMK_GEMV_RING", "8x16"), ("AMK_L2_PREFETCH", "2"),
-    ("AMK_SPIN_NS", "1024"), ("AMK_COUNTER_STRIDE", "64"), ("AMK_ATTN_SMEM", "0"),
-    ("AMK_PRELOAD", "0")])
+    ("AMK_SPIN_NS", "1024"), ("AMK_COUNTER_STRIDE", "64"), ("AMK_PRELOAD", "0")])
 def test_backend_knobs_change_the_cache_keys(monkeypatch, name, value):
     from amk.backends.cuda import examples, lowered_cache
     prog = examples.combined_program()
@@ -31,11 +27,9 @@ def test_backend_knobs_change_the_cache_keys(monkeypatch, name, value):
 
 
 def test_defaults(monkeypatch):
-    for name in ("AMK_GEMV_PIPE", "AMK_GEMV_RING", "AMK_L2_PREFETCH", "AMK_SPIN_NS", "AMK_COUNTER_STRIDE",
-                 "AMK_PRELOAD"):
+    for name in ("AMK_SPIN_NS", "AMK_COUNTER_STRIDE", "AMK_PRELOAD"):
         monkeypatch.delenv(name, raising=False)
-    assert knobs.gemv_pipe() == (0, 0) and knobs.gemv_ring_shape() == (0, 0)
-    assert knobs.l2_prefetch() == 0 and knobs.spin_ns() == 128 and knobs.counter_stride() == 1
+    assert knobs.spin_ns() == 128 and knobs.counter_stride() == 1
     assert knobs.preload_bytes() == 65536
 
 

@@ -22,7 +22,7 @@ def ab():
 
 def test_a_variant_is_a_tree_and_knobs(ab, tmp_path):
     assert ab.parse_variant("-") == ab.Variant("-", ab.THIS_TREE, {})
-    assert ab.parse_variant("AMK_LL=0,AMK_GEMV_PIPE=2x8").env == {"AMK_LL": "0", "AMK_GEMV_PIPE": "2x8"}
+    assert ab.parse_variant("AMK_LL=0,AMK_SPIN_NS=256").env == {"AMK_LL": "0", "AMK_SPIN_NS": "256"}
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "decode.py").write_text("")
     v = ab.parse_variant(f"{tmp_path}:AMK_LL=0")

@@ -122,8 +122,7 @@ def cases() -> list[Case]:
                      [("x", BK.IO_INPUT, bf, (1, 256)), ("W", BK.WEIGHT, bf, (96, 256)), ("bias", BK.WEIGHT, bf, (96,))],
                      [("y", BK.IO_OUTPUT, bf, (1, 96))], {"n_off": 16, "N_tile": 48, "K": 256},
                      {"x": _rand((1, 256), tb), "W": _rand((96, 256), tb, 0.1), "bias": _rand((96,), tb)}))
-    # weight-stream shapes (AMK_GEMV_RING=1): 4 KiB rows, 8 a chunk, 2 warps a row, a short last
-    # chunk; 16 KiB rows (a down projection), 2 a chunk then 1 (all 16 warps on one row)
+    # long rows: 4 KiB rows (20 of them, bias); 16 KiB rows (a down projection's, 5 of them)
     C.append(_single("gemv_bf16_stream_k2048", K.GEMV_TILE,
                      [("x", BK.IO_INPUT, f16, (1, 2048)), ("W", BK.WEIGHT, bf, (40, 2048)), ("bias", BK.WEIGHT, f32, (40,))],
                      [("y", BK.IO_OUTPUT, bf, (1, 40))], {"n_off": 8, "N_tile": 20, "K": 2048},

@@ -1,5 +1,5 @@
-"""Program -> the CUDA backend's tables: task descriptors, waits, pointer references, prefetch
-ranges, and the list of device-function variants the renderer turns into a switch.
+"""Program -> the CUDA backend's tables: task descriptors, waits, pointer references, preload
+and zero ranges, and the list of device-function variants the renderer turns into a switch.
 
 Nothing here touches a GPU: pointers are symbolic (a buffer id or a scratch-arena offset) and
 the runtime resolves them once the buffers are bound. Per-task parameters live in descriptors,
@@ -20,7 +20,7 @@ from amk.errors import CompileError
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
 from amk.program.regions import NEW_KV
 from amk.backends.cuda import abi
-from amk.backends.cuda.smem import XS_MAX, launch_shape
+from amk.backends.cuda.smem import NTHREADS, XS_MAX
 
 # C++ type of each buffer dtype in the templates (bf16/f16 are freestanding bit structs).
 CTYPE = {DType.F32: "float", DType.F16: "f16", DType.BF16: "bf16", DType.I32: "int",
@@ -66,8 +66,6 @@ class Encoded:
     ip: dict[str, int] = field(default_factory=dict)
     fp: dict[str, float] = field(default_factory=dict)
     group: str = ""
-    prefetch: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)  # (ref, off, n)
-    chunks: list[tuple[tuple[int, int], int, int]] = field(default_factory=list)    # weight stream
     direct: dict[str, Any] | None = None     # op_gemv_direct's template arguments (_direct_call)
 
 
@@ -78,12 +76,9 @@ class Lowered:
     n_program_tasks: int
     waits: np.ndarray                    # WAIT_DTYPE
     ptr_refs: np.ndarray                 # int64 [n, 2]: (kind, buffer id | scratch offset)
-    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): prefetch,
-                                                     # preload, zero
+    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): preload, zero
     scratch_bytes: int
     queues: list[list[int]]              # per-CTA task ids (program order within a queue)
-    stream: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # range indices
-    stream_off: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int32))  # per CTA
 
 
 class _Err(CompileError):
@@ -176,11 +171,6 @@ def _enc_allreduce(t, op, ins, outs, p) -> Encoded:
     return e
 
 
-def _weight_prefetch(x: View, off: int, nbytes: int, e: Encoded) -> None:
-    if x.kind in (BufferKind.WEIGHT, BufferKind.CONST) and nbytes > 0 and knobs.l2_prefetch() in (1, 2):
-        e.prefetch.append((x.ref, off, nbytes))
-
-
 def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     x, w, out = ins[0], ins[1], outs[0]
     Kd = int(p.get("K", x.cols))
@@ -232,63 +222,19 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
     has_bias = not quant and len(ins) > 2
     row_bytes = ldw * w.esize
-    # Float weights of a read-only buffer, batch 1: the tile's rows come through the CTA's
-    # weight stream (shared memory, bulk copies running ahead across task boundaries) in chunks
-    # of whole rows, each one contiguous byte range.
-    chunk = knobs.gemv_ring_shape()[1]
-    ring = (chunk > 0 and qmode == 0 and vec and w_ro and M == 1 and row_bytes <= chunk
-            and row_bytes % 16 == 0 and Kd + n_tile <= XS_MAX)
-    pipe = (not ring and _pipe_on() and qmode == 0 and vec and w_ro and M == 1
-            and row_bytes % 16 == 0 and _pipe_pair_fits(Kd, n_tile, Kd * w.esize // 16))
-    direct = (not ring and not pipe and qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
+    direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
               and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
     if direct:
         tmpl = dict(tx=_ft(t, x.dtype), tw=tw, ty=_ft(t, out.dtype), ts=ts, nmat=1, epi=0,
                     bias=has_bias, tr="float", to=_ft(t, out.dtype))
         call = _direct_call(tmpl)
-    elif ring:
-        call = (f"op_gemv_ring<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, "
-                f"{_b(has_bias)}>(AMK_ARGS)")
-    elif pipe:
-        call = (f"op_gemv_pipe<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, 1, "
-                f"{_b(has_bias)}>(AMK_ARGS)")
     else:
         call = (f"op_gemv<{_ft(t, x.dtype)}, {tw}, {_ft(t, out.dtype)}, {ts}, {tz}, {qmode}, "
                 f"{_b(has_bias)}, {_b(zeros is not None)}, {_b(vec)}, {mb}, {_b(w_ro)}>(AMK_ARGS)")
     e = Encoded(int(op), call, group="GEMV", direct=tmpl if direct else None)
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
                 NGROUPS=ngroups)
-    if pipe:
-        e.ip.update(PIPE=1, NMAT=1, NV=Kd * w.esize // 16, RB=row_bytes)
-    if ring:
-        rpc = max(1, min(n_tile, chunk // row_bytes))
-        e.ip["RPC"] = rpc
-        e.chunks = [(w.ref, (n_off + r) * row_bytes, min(rpc, n_tile - r) * row_bytes)
-                    for r in range(0, n_tile, rpc)]
-    if direct and knobs.l2_prefetch() == 3:   # the first round's rows, a task ahead (NOTES v9)
-        _first_round_prefetch(w, n_off, n_tile, row_bytes, Kd * w.esize // 16, e)
-    elif not ring:   # streamed tiles are not L2-prefetched: the prefetch shares the SM's bulk-
-        _weight_prefetch(w, n_off * row_bytes, n_tile * row_bytes, e)   # copy unit (NOTES v4)
-    if quant:
-        sb = ngroups * ins[2].esize
-        _weight_prefetch(ins[2], n_off * sb, n_tile * sb, e)
-        if zeros is not None:
-            _weight_prefetch(zeros, n_off * sb, n_tile * sb, e)
-    elif has_bias:
-        _weight_prefetch(ins[2], n_off * ins[2].esize, n_tile * ins[2].esize, e)
     return e
-
-
-def _first_round_prefetch(w: View, n_off: int, n_tile: int, row_bytes: int, nv: int, e: Encoded) -> None:
-    """The rows op_gemv_direct's warps load first (one item each: two rows x one K segment of
-    256 vectors) into L2 before the task's wait: the scheduler prefetches the NEXT task's ranges
-    before it waits on its own task's counters, so they land a task ahead. Not the whole tile:
-    one stage of whole tiles is more than the L2 holds (NOTES v8)."""
-    if w.kind not in (BufferKind.WEIGHT, BufferKind.CONST):
-        return
-    warps = launch_shape(knobs.ctas_per_sm())[0] // 32
-    rows = min(n_tile, 2 * -(-warps // -(-nv // 256)))
-    e.prefetch.append((w.ref, n_off * row_bytes, rows * row_bytes))
 
 
 def _preload(steps) -> tuple[list[tuple[tuple[int, int], int, int]], Encoded | None]:
@@ -299,11 +245,10 @@ def _preload(steps) -> tuple[list[tuple[tuple[int, int], int, int]], Encoded | N
     and of the SM's ingress, so the rows land before any of the task's own loads (a copy issued
     at the task's start delays the combine's loads behind it: NOTES v11). They are the first PRE
     rows of each matrix of the task's op_gemv_direct step (as many as AMK_PRELOAD bytes hold;
-    whole row pairs for one matrix), which reads them from shared memory (ip PRE). Only with the
-    ring area free (the preload area is its top). -> (the ranges, that GEMV step) or ([], None)."""
+    whole row pairs for one matrix), which reads them from shared memory (ip PRE).
+    -> (the ranges, that GEMV step) or ([], None)."""
     cap = knobs.preload_bytes()
-    if (not cap or knobs.ctas_per_sm() != 1 or knobs.gemv_ring() or knobs.gemv_pipe()[0]
-            or not steps or steps[0][0].op != int(K.ATTENTION_COMBINE)):
+    if not cap or not steps or steps[0][0].op != int(K.ATTENTION_COMBINE):
         return [], None
     enc, args = next(((e, a) for e, a, _ in steps if e.direct is not None), (None, None))
     if enc is None:
@@ -322,8 +267,8 @@ def _preload(steps) -> tuple[list[tuple[tuple[int, int], int, int]], Encoded | N
 
 
 def _attach_preloads(queues, pre_of, rows, ranges) -> None:
-    """Give each preload to the task before its task in the queue (n_pre ranges right after that
-    task's own prefetch ranges); a task first in its queue has nobody to copy its rows: no
+    """Give each preload to the task before its task in the queue (its n_pre ranges from
+    pre_begin); a task first in its queue has nobody to copy its rows: no
     preload (PRE = 0)."""
     for q in queues:
         for k, j in enumerate(q):
@@ -334,9 +279,8 @@ def _attach_preloads(queues, pre_of, rows, ranges) -> None:
                 gemv.ip["PRE"] = 0
                 continue
             d = rows[q[k - 1]]
-            own = ranges[d["pf_begin"]:d["pf_begin"] + d["n_pf"]]
-            d["pf_begin"], d["n_pre"] = len(ranges), len(pre)
-            ranges.extend(own + pre)
+            d["pre_begin"], d["n_pre"] = len(ranges), len(pre)
+            ranges.extend(pre)
 
 
 def _direct_call(a: dict[str, Any]) -> str:
@@ -352,19 +296,6 @@ def _direct_fits(Kd: int, n_tile: int, nv: int) -> bool:
     """x (fp32) and op_gemv_direct's sums (one per row and K segment of 256 vectors) fit in the
     work area, also once the tile is paired with another (_pair_gemvs)."""
     return -(-Kd // 4) * 4 + 2 * n_tile * -(-nv // 256) <= XS_MAX
-
-
-def _pipe_on() -> bool:
-    """amk.knobs.gemv_pipe() is on and the pipe's stages have their smem (one CTA per SM)."""
-    return knobs.gemv_pipe()[0] > 0 and knobs.ctas_per_sm() == 1
-
-
-def _pipe_pair_fits(Kd: int, n_tile: int, nv: int) -> bool:
-    """x (fp32) and one fp32 sum per item of a tile fit in the work area even when the tile is
-    later paired with another (_pair_pipe_gemvs: two matrices' items; gemv_pipe.cuh)."""
-    v, _ = knobs.gemv_pipe()
-    nseg = -(-nv // (32 * v))
-    return -(-Kd // 4) * 4 + 2 * n_tile * nseg <= XS_MAX
 
 
 def _enc_norm(t, op, ins, outs, p) -> Encoded:
@@ -384,8 +315,6 @@ def _enc_norm(t, op, ins, outs, p) -> Encoded:
     e = Encoded(int(op), call, group="NORM")
     e.ip = dict(ROWS=x.numel // H, H=H)
     e.fp = dict(EPS=eps)
-    for v in ins[1:]:
-        _weight_prefetch(v, 0, v.numel * v.esize, e)
     return e
 
 
@@ -413,11 +342,6 @@ def _enc_rope(t, op, ins, outs, p) -> Encoded:
                 POS64=_int_input(t, pos, "rope pos"), HAS_INV=int(has_inv))
     e.fp = dict(THETA=float(p.get("theta", 10000.0)))
     return e
-
-
-def _attn_smem_on() -> bool:
-    """amk.knobs.attn_smem(): attention stages K/V in smem by cp.async (op_attention_smem)."""
-    return knobs.attn_smem()
 
 
 def _enc_attention(t, op, ins, outs, p) -> Encoded:
@@ -462,7 +386,7 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
                      f"[{B}, {nkv}*{hd}]")
         tn = _ft(t, ins[4].dtype)
     # K/V rows staged in smem by 16-byte cp.async where rows are whole 16-byte vectors
-    staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
+    staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0
     types = f"{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, {_ft(t, out.dtype)}, {tn}"
     hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
     call = (f"op_attention_smem<{types}, float, {hg}, {hd}>(AMK_ARGS)" if staged
@@ -650,7 +574,7 @@ def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
     in_smem = {outs[0].ref for enc, _, outs in steps if enc.ip.get("TO_SMEM")}
     zero = [(o, n) for o, n in zero if (REF_SCRATCH, o) not in in_smem]   # never in global memory
     steps = _rope_into_append(_rope_into_attention(_k_rope_into_attention(steps)))
-    return _norm_into_gemv(_fold_add(_pair_gemvs(_pair_pipe_gemvs(steps)))), zero, off - scratch_base
+    return _norm_into_gemv(_fold_add(_pair_gemvs(steps))), zero, off - scratch_base
 
 
 _EW_OPS = {int(K.COPY), int(K.ADD), int(K.MUL), int(K.SILU_MUL), int(K.GELU)}
@@ -787,7 +711,7 @@ def _rotated(a: Encoded, aa, r: Encoded, ra, flag: str):
     """(the attention's Encoded with `flag` set, inverse frequencies it gains as an input)."""
     inv = [] if a.ip.get("Q_ROPE") or a.ip.get("K_ROPE") else list(ra[2:3])
     e = Encoded(a.op, _with_inv(a.call, inv), dict(a.ip, **{flag: 1}, ROPE_INV=int(bool(ra[2:3]))),
-                dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
+                dict(a.fp, THETA=r.fp["THETA"]), a.group)
     return e, inv
 
 
@@ -849,27 +773,8 @@ def _rope_into_append(steps):
             return None
         inv = ra[2:3]
         e = Encoded(a.op, _with_inv(a.call, inv), dict(a.ip, ROPE_HD=r.ip["HD"], ROPE_INV=int(bool(inv))),
-                    dict(a.fp, THETA=r.fp["THETA"]), a.group, r.prefetch + a.prefetch)
+                    dict(a.fp, THETA=r.fp["THETA"]), a.group)
         return e, [ra[0], aa[1]] + list(inv), ao
-    return _fold_windows(steps, 2, fold)
-
-
-def _pair_pipe_gemvs(steps):
-    """Two consecutive pipe GEMV steps over the same x and the same row tile (gate and up)
-    become one op_gemv_pipe of NMAT=2: one weight stream, x staged once. Runs after the
-    scratch analyses above, which look at single-output steps."""
-    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "RB", "NV", "XS_READY")
-
-    def fold(window, later):
-        (a, aa, ao), (b, ba, bo) = window
-        if not (a.ip.get("PIPE") and b.ip.get("PIPE") and len(aa) == 2 and len(ba) == 2
-                and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
-                and aa[1].dtype == ba[1].dtype and ao[0].dtype == bo[0].dtype
-                and ao[0].ref != ba[0].ref and ao[0].ref != bo[0].ref):
-            return None
-        e = Encoded(a.op, a.call.replace(", 1, false>(AMK_ARGS)", ", 2, false>(AMK_ARGS)"),
-                    dict(a.ip, NMAT=2), dict(a.fp), a.group, a.prefetch + b.prefetch)
-        return e, [aa[0], aa[1], ba[1]], [ao[0], bo[0]]
     return _fold_windows(steps, 2, fold)
 
 
@@ -897,23 +802,23 @@ def _pair_gemvs(steps):
             return None
         tmpl = dict(ga, nmat=2, epi=2, to=_ft(None, co[0].dtype))
         e = Encoded(a.op, _direct_call(tmpl), dict(a.ip), dict(a.fp), a.group,
-                    a.prefetch + b.prefetch, direct=tmpl)
+                    direct=tmpl)
         gate, up = (aa[1], ba[1]) if ca[0].ref == ao[0].ref else (ba[1], aa[1])
         return e, [aa[0], gate, up], [co[0]]
     return _fold_windows(steps, 3, fold)
 
 
 def _fold_add(steps):
-    """A batch-1 GEMV tile (op_gemv, op_gemv_direct or op_gemv_pipe) into a scratch that only
+    """A batch-1 GEMV tile (op_gemv or op_gemv_direct) into a scratch that only
     the next step reads, an ADD of that tile and a residual at the same columns (o + h, down +
     h): the GEMV adds the residual (appended as its last input) itself and writes the ADD's
-    output. Runs last, like _pair_pipe_gemvs."""
+    output. Runs after _pair_gemvs."""
     def fold(window, later):
         (g, ga, go), (a, aa, ao) = window
         y = go[0]
         plain = g.call is not None and g.call.startswith("op_gemv<") and g.ip.get("M") == 1
         direct = g.direct is not None and g.direct["nmat"] == 1 and g.direct["epi"] == 0
-        if not ((plain or direct or g.ip.get("PIPE") and g.ip["NMAT"] == 1) and a.op == int(K.ADD)
+        if not ((plain or direct) and a.op == int(K.ADD)
                 and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
                 and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
                 and all(a.ip[k] == a.ip["COLS"] for k in ("A_RS", "B_RS")) and a.ip["A_CS"] == a.ip["B_CS"] == 1
@@ -929,7 +834,7 @@ def _fold_add(steps):
             tmpl = None
             call = g.call.replace(">(AMK_ARGS)", f", true, {_ct(None, res.dtype)}, "
                                                  f"{_ft(None, ao[0].dtype)}>(AMK_ARGS)")
-        e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, g.prefetch + a.prefetch, direct=tmpl)
+        e = Encoded(g.op, call, dict(g.ip), dict(g.fp), g.group, direct=tmpl)
         return e, ga + [res], [ao[0]]
     return _fold_windows(steps, 2, fold)
 
@@ -941,7 +846,7 @@ def _norm_into_gemv(steps):
     q/k/v and gate/up tasks, NOTES v12). Its args: the norm's input row in place of x, the
     norm's weight appended last (never with the ADD epilogue, whose residual is last); the
     GEMVs after it still read x from shared memory. Runs after _fold_add."""
-    nt = launch_shape(knobs.ctas_per_sm())[0]
+    nt = NTHREADS
 
     def fold(window, later):
         (n, na, no), (g, ga, go) = window
@@ -953,7 +858,7 @@ def _norm_into_gemv(steps):
         tmpl = dict(g.direct, norm=True, nx=_ft(None, na[0].dtype), nw=_ft(None, na[1].dtype),
                     rn=-(-n.ip["H"] // nt))        # the row elements a thread holds, no more
         e = Encoded(g.op, _direct_call(tmpl), dict(g.ip, XS_READY=0), dict(g.fp, EPS=n.fp["EPS"]),
-                    g.group, n.prefetch + g.prefetch, direct=tmpl)
+                    g.group, direct=tmpl)
         return e, [na[0]] + ga[1:] + [na[1]], go
     return _fold_windows(steps, 2, fold)
 
@@ -1020,7 +925,7 @@ class _ArgmaxFolds:
                         and len(o) == 1 and o[0].ref == (REF_BUFFER, logits)):
                     tmpl = dict(e.direct, epi=3)
                     pe = Encoded(e.op, _direct_call(tmpl), dict(e.ip, ARG_SLOT=slot), dict(e.fp),
-                                 e.group, e.prefetch, direct=tmpl)
+                                 e.group, direct=tmpl)
                     self.patched.add(t.id)
                     return steps[:i] + [(pe, a, o + [parts])] + steps[i + 1:]
         if t.id in self.folds and all(w in self.patched for w in self.folds[t.id][1]):
@@ -1072,19 +977,9 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
             if enc.direct is not None:
                 direct_of[var] = enc.direct
         d = dict(op=enc.op, variant=var, ptr_begin=len(refs), n_in=len(ins), n_out=len(outs),
-                 pf_begin=len(ranges), n_pf=len(enc.prefetch), ip=enc.ip, fp=enc.fp,
-                 group=enc.group)
+                 ip=enc.ip, fp=enc.fp, group=enc.group)
         refs.extend(v.ref for v in ins + outs)
-        ranges.extend(enc.prefetch)
         return d
-
-    def chunk_list(encs: list[Encoded]) -> tuple[int, int]:
-        """Append the task's stream chunks (in step order: the order its GEMVs consume them)."""
-        begin, n = len(ranges), 0
-        for enc in encs:
-            ranges.extend(enc.chunks)
-            n += len(enc.chunks)
-        return begin, n
 
     for t in program.tasks:
         ins = [_view(program.buffers[b]) for b in t.inputs]
@@ -1099,28 +994,19 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
         one = (len(steps) == 1 and not zero       # folded into one instruction: a plain task
                and all(v.ref[0] == REF_BUFFER for v in steps[0][1] + steps[0][2]))
         if t.op == K.FUSED and not one:
-            ck = chunk_list([enc for enc, _, _ in steps])
             d = desc(Encoded(int(t.op), None), ins, outs)
             d["sub_begin"], d["n_sub"] = len(subs), len(steps)
-            pf = [r for enc, _, _ in steps for r in enc.prefetch]
-            d["pf_begin"], d["n_pf"] = len(ranges), len(pf)
-            ranges.extend(pf)
             d["zero_begin"], d["n_zero"] = len(ranges), len(zero)
             ranges.extend(((REF_SCRATCH, o), 0, n) for o, n in zero)
             for enc, sins, souts in steps:
                 sd = desc(enc, sins, souts)
-                sd["n_pf"] = 0
                 sd["task_id"] = t.id
-                sd["ck_begin"], sd["n_ck"] = ck
                 subs.append(sd)
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
-            d["ck_begin"], d["n_ck"] = ck
             d["n_ptr_all"] = len(refs) - d["ptr_begin"]      # its steps' pointers follow its own
         else:
             enc, sins, souts = steps[0]
-            ck = chunk_list([enc])
             d = desc(enc, sins, souts)
-            d["ck_begin"], d["n_ck"] = ck
             d["n_ptr_all"] = d["n_in"] + d["n_out"]
         d["task_id"] = t.id
         d["wait_begin"], d["n_waits"] = len(waits), len(t.waits)
@@ -1143,8 +1029,8 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     for i, d in enumerate(rows + subs):
         rec = table[i]
         for f in ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in",
-                  "n_out", "sub_begin", "n_sub", "pf_begin", "n_pf", "zero_begin", "n_zero",
-                  "task_id", "ck_begin", "n_ck", "n_ptr_all", "n_pre"):
+                  "n_out", "sub_begin", "n_sub", "pre_begin", "zero_begin", "n_zero",
+                  "task_id", "n_ptr_all", "n_pre"):
             rec[f] = d.get(f, 0)
         g = d["group"]
         for name, v in d["ip"].items():
@@ -1157,7 +1043,6 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
     wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
     for i, (c, th, st) in enumerate(waits):
         wt[i]["counter"], wt[i]["threshold"], wt[i]["stride"] = c, th & 0xFFFFFFFF, st
-    stream, stream_off = _weight_streams(table, queues)
     # the preloaded-rows path only in the op_gemv_direct variants some task of which uses it
     # (the o tiles after a combine): never-run code in a hot function costs time (NOTES v16)
     calls = list(variants)
@@ -1167,19 +1052,5 @@ def lower_program(program: Program, n_ctas: int = 132) -> Lowered:
             calls[var] = _direct_call(dict(tmpl, pre=True))
     return Lowered(variants=calls, tasks=table, n_program_tasks=n_prog, waits=wt,
                    ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2), ranges=ranges,
-                   scratch_bytes=scratch, queues=queues, stream=stream, stream_off=stream_off)
+                   scratch_bytes=scratch, queues=queues)
 
-
-def _weight_streams(table: np.ndarray, queues: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per CTA, its tasks' weight chunks in queue order: the order its GEMVs consume them, so
-    the device can copy any number of chunks ahead without looking at the tasks."""
-    idx: list[int] = []
-    off = [0]
-    for q in queues:
-        for tid in q:
-            b, n = int(table[tid]["ck_begin"]), int(table[tid]["n_ck"])
-            idx.extend(range(b, b + n))
-        off.append(len(idx))
-    if off[-1] >= 2 ** 31:
-        _fail(None, f"{off[-1]} weight-stream chunks overflow the 32-bit stream offsets")
-    return np.array(idx, dtype=np.int64), np.array(off, dtype=np.int32)

@@ -19,7 +19,7 @@ from amk.errors import BackendUnavailable, DeadlockError, TraceError, Validation
 from amk.program.ir import BufferKind, InstructionKind, Program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import render_lowered
-from amk.backends.cuda.smem import launch_shape
+from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
 from amk.backends.cuda.lower import REF_BUFFER
@@ -58,12 +58,10 @@ class CudaProgram:
                                       + res.report(), res)
         self.timings: dict[str, float] = {}
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        # CTAs per SM, their threads and smem: read once, so source, launch and check agree
-        self.ctas_per_sm = knobs.ctas_per_sm()
-        self.nthreads, smem = launch_shape(self.ctas_per_sm)
+        self.nthreads, smem = NTHREADS, SMEM_BYTES
         t0 = time.perf_counter()
-        self.lowered = low = lower_program_cached(program, n_ctas=sm_count * self.ctas_per_sm)
-        self.source = render_lowered(low, self.ctas_per_sm)
+        self.lowered = low = lower_program_cached(program, n_ctas=sm_count)
+        self.source = render_lowered(low)
         self.timings["render_s"] = time.perf_counter() - t0
         res = compile_source(self.source, arch or _arch(self.device))
         self.compile_result = res
@@ -76,12 +74,6 @@ class CudaProgram:
         self.timings["load_s"] = time.perf_counter() - t0
         self.grid = len(low.queues)
         occ = self.kernel.occupancy(self.nthreads)
-        if occ < self.ctas_per_sm:
-            raise BackendUnavailable(
-                f"AMK_CTAS_PER_SM={self.ctas_per_sm} needs {self.ctas_per_sm} co-resident CTAs "
-                f"per SM but this GPU holds {occ} ({self.nthreads} threads, "
-                f"{self.kernel.num_regs} registers a thread, {smem} B dynamic shared memory a "
-                f"CTA); set AMK_CTAS_PER_SM=1")
         if occ < 1 or self.grid > occ * self.kernel.sm_count:
             raise BackendUnavailable(
                 f"the megakernel needs {self.grid} co-resident CTAs but the GPU holds "
@@ -115,8 +107,6 @@ class CudaProgram:
         self.queue_off = _dev_tensor(qo, dev)
         self.ptrs_dev = torch.zeros(max(len(low.ptr_refs), 1), dtype=torch.int64, device=dev)
         self.ranges_dev = torch.zeros(max(len(low.ranges), 1) * 2, dtype=torch.int64, device=dev)
-        self.stream_dev = torch.zeros(max(len(low.stream), 1) * 2, dtype=torch.int64, device=dev)
-        self.stream_off = _dev_tensor(low.stream_off.astype(np.int32), dev)
         n_entries = max(len(qt), 1)
         self.prof = (torch.zeros(n_entries * abi.PROF_WORDS, dtype=torch.int64, device=dev)
                      if "#define AMK_PROFILE" in self.source else None)
@@ -146,14 +136,11 @@ class CudaProgram:
                 a = base[ident] if kind == REF_BUFFER else sbase + np.uint64(ident)
                 rng[i]["addr"], rng[i]["bytes"] = np.uint64(a) + np.uint64(off), n
             self.ranges_dev.copy_(torch.from_numpy(rng.view(np.int64)))
-            if len(low.stream):       # each CTA's weight-stream chunks, in the order it takes them
-                self.stream_dev.copy_(torch.from_numpy(rng[low.stream].view(np.int64)))
         args = np.zeros(1, dtype=abi.ARGS_DTYPE)
         for name, t in (("tasks", self.tasks_dev), ("waits", self.waits_dev),
                         ("ptrs", self.ptrs_dev), ("ranges", self.ranges_dev),
                         ("queue_tasks", self.queue_tasks), ("queue_off", self.queue_off),
-                        ("counters", self.counters), ("state", self.state), ("errs", self.errs),
-                        ("stream", self.stream_dev), ("stream_off", self.stream_off)):
+                        ("counters", self.counters), ("state", self.state), ("errs", self.errs)):
             args[0][name] = t.data_ptr()
         args[0]["watchdog_ns"] = int(knobs.watchdog_s() * 1e9)
         args[0]["n_queues"] = self.grid
@@ -220,12 +207,11 @@ class CudaProgram:
             return
         self._poisoned = True
         code, task, value = int(st["fault"]), int(st["fault_task"]), int(st["fault_value"])
-        if code == abi.FAULT_STREAM:
+        if code == abi.FAULT_COPY:
             raise BackendUnavailable(
-                f"megakernel fault: a bulk copy into shared memory (the weight stream, an o tile's "
-                f"preload or a combine's partials) did not land within AMK_WATCHDOG_S (weight-stream "
-                f"chunks consumed: {value}); AMK_GEMV_RING=0 turns the weight stream off and "
-                f"AMK_PRELOAD=0 the preload (the combine's copies have no switch); report the program")
+                "megakernel fault: a bulk copy into shared memory (an o tile's preload or a "
+                "combine's partials) did not land within AMK_WATCHDOG_S; AMK_PRELOAD=0 turns the "
+                "preload off (the combine's copies have no switch); report the program")
         if code == abi.FAULT_DEADLOCK or int(st["abort"]):
             raise DeadlockError(self._deadlock_report())
         name = self._task_name(task)

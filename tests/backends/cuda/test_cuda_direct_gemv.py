@@ -13,12 +13,6 @@ from amk.backends.cuda import abi, compile_source, examples, render
 from amk.backends.cuda.lower import lower_program
 
 
-@pytest.fixture(autouse=True)
-def _defaults(monkeypatch):
-    for k in ("AMK_GEMV_PIPE", "AMK_GEMV_RING", "AMK_CTAS_PER_SM"):
-        monkeypatch.delenv(k, raising=False)
-
-
 def _variants(case_name: str) -> list[str]:
     case = next(c for c in examples.cases() if c.name == case_name)
     return lower_program(case.program).variants
@@ -162,9 +156,8 @@ def test_only_the_gemv_variants_that_preload_compile_the_preload_path(monkeypatc
     assert sorted(a[13] for a in args.values() if a[9] == "true") == ["4", "4", "4"]
 
 
-@pytest.mark.parametrize("knob, value", [("AMK_PRELOAD", "0"), ("AMK_GEMV_PIPE", "1")])
-def test_no_preload_when_turned_off_or_the_ring_area_is_taken(monkeypatch, knob, value):
-    monkeypatch.setenv(knob, value)
+def test_no_preload_when_turned_off(monkeypatch):
+    monkeypatch.setenv("AMK_PRELOAD", "0")
     prog, low = _one_layer_1b()
     assert not low.tasks["n_pre"].any()
     assert "#define AMK_PRE 0" in render(prog)

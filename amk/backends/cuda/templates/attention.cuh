@@ -194,7 +194,7 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
 // The same attention with the shard's K and V rows staged in shared memory by 16-byte cp.async,
 // issued first: the cache rows below pos never change during a step and pos only shortens the
 // window, so the first chunk (the whole shard when it fits: up to NT rows, the work area and
-// the free ring area, AMK_FREE_RING) is in
+// the staging area, AMK_STAGE_BYTES) is in
 // flight before pos and q are even read, and the task's loads take one round trip, not one per
 // phase (NOTES v9). K and V are separate groups: the scores start when K has landed. Rows are
 // padded by 16 bytes (conflict-free 16-byte row reads). Q_ROPE: q is rotated while it is staged
@@ -224,11 +224,11 @@ __device__ __noinline__ void attn_restage(char* ks, int krs, const TK* kb, char*
 
 // op_attention_smem's shared memory: qs [hg][hd], the new rows [2][hd], scores [hg][cr],
 // probabilities [cr][hgp], then K [cr][krs] at byte ks and V [cr][vrs] at byte vs: cr positions
-// a chunk, as many as fit below AREA (the work area + the ring area when free, below the next
+// a chunk, as many as fit below AREA (the work area + the staging area, below the next
 // task's preload, AMK_PRE_OFF). Rows are padded by 16 bytes (conflict-free 16-byte row reads).
 struct AttnLayout { int cr, krs, vrs, ks, vs; };
 __device__ __forceinline__ AttnLayout attn_layout(int hd, int kes, int ves, int hg) {
-  constexpr int AREA = AMK_PRE && AMK_PRE_OFF < AMK_RING_OFF + AMK_FREE_RING ? AMK_PRE_OFF : AMK_RING_OFF + AMK_FREE_RING;
+  constexpr int AREA = AMK_PRE && AMK_PRE_OFF < AMK_STAGE_OFF + AMK_STAGE_BYTES ? AMK_PRE_OFF : AMK_STAGE_OFF + AMK_STAGE_BYTES;
   const int hgp = (hg + 3) & ~3;
   AttnLayout L;
   L.krs = hd * kes + 16; L.vrs = hd * ves + 16;

@@ -1,8 +1,7 @@
 // GEMV / GEMM tile: y[:, n_off:n_off+n_tile] = x[M, K] @ W[n_off:n_off+n_tile, :K].T (+ bias),
 // float weights or weight-only int8 / packed int4 with group scales (+ zeros), seed layout.
 // x is staged once in shared memory as fp32 (unless XS_READY: a fused norm wrote it there);
-// each warp streams RPW weight rows with 16-byte loads, U vectors per row in flight per lane
-// (from HBM: the scheduler's L2 prefetch of them is off by default, AMK_L2_PREFETCH, NOTES v10).
+// each warp streams RPW weight rows with 16-byte loads, U vectors per row in flight per lane.
 
 template <int QMODE, class TW> struct GemvVec { static constexpr int N = QMODE == 0 ? VecN<TW>::N : (QMODE == 1 ? 16 : 32); };
 
@@ -232,8 +231,7 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // for NMAT matrices sharing x (gate and up are one task). The tile is a list of items: two rows
 // (NMAT == 2: row r of each matrix; NMAT == 1: rows 2i, 2i+1) x one K segment of 32 lanes x GU
 // 16-byte vectors. Warp w takes items w, w + NWARPS, ...: all warps busy even when the tile has
-// few long rows (down: 16 rows of 8192). Under AMK_L2_PREFETCH=3 the scheduler prefetches the
-// first round's rows into L2 a task ahead (measured slower, NOTES v10). Each item's sums land
+// few long rows (down: 16 rows of 8192). Each item's sums land
 // in part[] (after x) and every row adds its segments in a fixed order: steps are bit-identical.
 // EPI 0: y_m = s (+ bias). 1 (ADD, lower._fold_add): out = round_TY(s) + residual (last input).
 // 2 (SILU, NMAT == 2, lower._pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
@@ -311,65 +309,4 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     }
   }
   AMK_MARK(4);
-}
-
-// The same GEMV for float weights at batch 1, its weight tile taken from the CTA's weight
-// stream (common.cuh): the tile's chunks are the stream's next n_chunks, chunk j holding rows
-// [j*RPC, +RPC) of the tile, whole rows of LDW elements, already in shared memory or on their
-// way since before this task's counter wait. Every warp works on every chunk: warps per row
-// WPR = NWARPS / rows, each a fixed slice of the row; the slices' sums meet in part_s in a fixed
-// order (bit-identical across steps). acc_s (after x in smem) holds the tile's sums.
-template <class TX, class TW, class TY, class TS, bool BIAS>
-__device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
-  constexpr int VW = VecN<TW>::N;
-  __shared__ float part_s[2][NWARPS];          // by chunk parity: one barrier per chunk suffices
-  const int Kd = d.ip[P_GEMV_K];
-  const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
-  const int rpc = d.ip[P_GEMV_RPC];
-  const int row_bytes = d.ip[P_GEMV_LDW] * (int)sizeof(TW);
-  const TX* x = (const TX*)P[0];
-  const TS* bias = (const TS*)P[d.n_in > 2 ? 2 : 1];
-  TY* y = (TY*)P[d.n_in];
-  float* xs = (float*)smem;
-  float* acc_s = xs + Kd;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int nv = Kd / VW;
-  const unsigned j0 = amk_ss.consumed;         // read before the first barrier below
-  if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
-  for (int i = threadIdx.x; i < n_tile; i += NT) acc_s[i] = 0.f;
-  __syncthreads();
-  const int n_chunks = (n_tile + rpc - 1) / rpc;
-  for (int c = 0; c < n_chunks; c++) {
-    const int r0 = c * rpc;
-    const int nr = n_tile - r0 < rpc ? n_tile - r0 : rpc;
-    const int wpr = nr >= NWARPS ? 1 : NWARPS / nr;        // warps per row
-    float* part = part_s[c & 1];
-    const char* stage = stream_acquire(smem, j0 + c);
-    for (int r = warp / wpr; r < nr && warp < wpr * (nr < NWARPS ? nr : NWARPS); r += NWARPS / wpr) {
-      const int slice = warp % wpr;
-      const char* wrow = stage + (long long)r * row_bytes;
-      float a = 0.f;
-#pragma unroll 4
-      for (int v = slice * 32 + lane; v < nv; v += wpr * 32)
-        a = dot_vec<TW>(a, *(const uint4*)(wrow + v * 16), xs + v * VW);
-      a = warp_sum(a);
-      if (lane == 0) {
-        if (wpr == 1) acc_s[r0 + r] += a;
-        else part[warp] = a;
-      }
-    }
-    __syncthreads();                                  // the stage and part fully read / written
-    stream_release(smem, j0 + c);
-    if (wpr > 1 && threadIdx.x < nr) {
-      float s = 0.f;
-      for (int p = 0; p < wpr; p++) s += part[threadIdx.x * wpr + p];
-      acc_s[r0 + threadIdx.x] += s;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < n_tile; i += NT) {
-    float s = acc_s[i];
-    if (BIAS) s += to_f(bias[n_off + i]);
-    y[n_off + i] = from_f<TY>(s);
-  }
 }

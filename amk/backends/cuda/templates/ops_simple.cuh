@@ -329,7 +329,7 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 // TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
-// Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
+// Staged path (batch 1, in the staging area: AMK_STAGE_BYTES): the task's heads of every partial
 // (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
 // copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
 // consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
@@ -346,10 +346,10 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int rb = (hd + 2) * (int)sizeof(TP);                // bytes of one head's [acc | m | l]
   const int v0 = h0 * rb / 16, span = ((h0 + hc) * rb + 15) / 16 - v0;   // its heads' vectors
   bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0
-                && (long long)np * span * 16 <= (AMK_PRE ? AMK_PRE_OFF - AMK_RING_OFF : AMK_FREE_RING);
+                && (long long)np * span * 16 <= (AMK_PRE ? AMK_PRE_OFF - AMK_STAGE_OFF : AMK_STAGE_BYTES);
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
-    char* st = smem + AMK_RING_OFF;
+    char* st = smem + AMK_STAGE_OFF;
     const unsigned ph = amk_comb_uses;
     if (threadIdx.x < 32) {                       // one bulk copy a partial
       fence_proxy_async();                        // the area held the attention's cp.async rows
