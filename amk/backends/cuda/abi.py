@@ -76,21 +76,21 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_CS", "B_RS", "B_CS", "KIND"),
     # XS_READY: x is already in shared memory as fp32 (a fused norm put it there: TO_SMEM)
     # ARG_SLOT: op_gemv_direct EPI 3 writes its tile's argmax partial to slot ARG_SLOT of its
-    # second output (lower._argmax_folds)
-    # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (lower._preload)
-    # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, lower._norm_into_gemv)
+    # second output (argmax_fold.py)
+    # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (preload.py)
+    # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, folds.norm_into_gemv)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
              "PRE"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
-    # Q_ROPE: q is rotated here (lower._rope_into_attention); K_ROPE: so is NEW_KV's new k row
-    # (lower._k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
+    # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row
+    # (folds.k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
     # from THETA. NEW_KV: cache row pos is read from k_new, v_new (P[4], P[5])
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
              "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE"),
     "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
     "EMBED": ("B", "H", "V", "IDS64"),
-    # ROPE_HD > 0: the new rows are rotated here (lower._rope_into_append), inverse frequencies
+    # ROPE_HD > 0: the new rows are rotated here (folds.rope_into_append), inverse frequencies
     # at P[2] when ROPE_INV, else from THETA
     "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM", "ROPE_HD", "ROPE_INV"),
     "ARGMAX": ("ROWS", "V", "OUT64"),
@@ -154,3 +154,14 @@ ARGS_FIELDS = (("tasks", "unsigned long long", 1), ("waits", "unsigned long long
                ("n_queues", "unsigned long long", 1),
                ("prof", "unsigned long long", 1))        # AMK_PROFILE: u64 [queue entries][PROF_WORDS]
 ARGS_DTYPE = np_dtype(ARGS_FIELDS)
+
+# The ip/fp slot group each opcode's descriptor uses (what the encoders write; for printing).
+OP_GROUP = {InstructionKind.COPY: "EW", InstructionKind.ADD: "EW", InstructionKind.MUL: "EW",
+            InstructionKind.SILU_MUL: "EW", InstructionKind.GELU: "EW",
+            InstructionKind.ALLREDUCE_SHARD: "RED", InstructionKind.GEMV_TILE: "GEMV",
+            InstructionKind.GEMM_TILE: "GEMV", InstructionKind.RMSNORM: "NORM",
+            InstructionKind.LAYERNORM: "NORM", InstructionKind.ROPE: "ROPE",
+            InstructionKind.ATTENTION_TILE: "ATTN", InstructionKind.ATTENTION_COMBINE: "COMB",
+            InstructionKind.EMBED: "EMBED", InstructionKind.KV_APPEND: "KV",
+            InstructionKind.SAMPLE_ARGMAX: "ARGMAX", InstructionKind.SOFTMAX: "SOFTMAX",
+            InstructionKind.DEQUANT: "DEQ"}

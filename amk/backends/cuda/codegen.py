@@ -11,11 +11,14 @@ import hashlib
 from pathlib import Path
 from string import Template
 
+from amk.errors import CompileError
 from amk.program.ir import Program
 from amk.backends.cuda import abi
-from amk.backends.cuda.lower import RMS_RN, Lowered
 from amk.backends.cuda.lowered_cache import lower_program_cached
+from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.smem import NTHREADS, PRE_OFF, STAGE_BYTES, STAGE_OFF
+from amk.backends.cuda.steps import RMS_RN, Variant
+from amk.backends.cuda.tables import Lowered
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
@@ -37,25 +40,33 @@ def template_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def render_lowered(low: Lowered) -> str:
-    from amk import knobs
-    from amk.errors import CompileError
+def call_text(v: Variant) -> str:
+    """The C++ call of a variant in the scheduler's switch: fn<args...>(AMK_ARGS)."""
+    args = ", ".join(("true" if a else "false") if isinstance(a, bool) else str(a) for _, a in v.args)
+    return f"{v.fn}<{args}>(AMK_ARGS)" if v.args else f"{v.fn}(AMK_ARGS)"
+
+
+def render_lowered(low: Lowered, options: CudaOptions = CudaOptions()) -> str:
+    """The kernel source of lowered tables (options.source instead, when set: an edited
+    kernel.cu fed back for an experiment; it must match these tables' ABI)."""
+    if options.source is not None:
+        return options.source
     too_many = [int(t["task_id"]) for t in low.tasks if t["n_in"] + t["n_out"] > MAX_PTRS]
     if too_many:
         raise CompileError(f"CUDA backend: tasks {too_many[:8]} have more than {MAX_PTRS} operands")
-    cases = "\n".join(f"    case {i}: {call}; break;" for i, call in enumerate(low.variants))
+    cases = "\n".join(f"    case {i}: {call_text(v)}; break;" for i, v in enumerate(low.variants))
     t = _templates()
     parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {NTHREADS}\n"
              f"#define AMK_STAGE_OFF {STAGE_OFF}\n#define AMK_STAGE_BYTES {STAGE_BYTES}\n"
-             f"#define AMK_SPIN_NS {knobs.spin_ns()}\n#define AMK_CSTRIDE {knobs.counter_stride()}\n"
+             f"#define AMK_SPIN_NS {options.spin_ns}\n#define AMK_CSTRIDE {options.counter_stride}\n"
              f"#define AMK_PRE {int(any(t['n_pre'] for t in low.tasks))}\n#define AMK_PRE_OFF {PRE_OFF}\n"
              f"#define AMK_RMS_RN {RMS_RN}\n"
              # code for what the program does not use is not compiled (dead code in the hot
              # functions costs time: NOTES v16a)
              f"#define AMK_ZERO {int(any(t['n_zero'] for t in low.tasks))}\n",
              abi.render_header()]
-    if knobs.profile():
+    if options.profile:
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n")
     for name in TEMPLATE_FILES[:-1]:
         parts.append(f"// ---- {name} ----\n" + t[name])
@@ -64,6 +75,6 @@ def render_lowered(low: Lowered) -> str:
     return "\n".join(parts)
 
 
-def render(program: Program) -> str:
+def render(program: Program, options: CudaOptions = CudaOptions()) -> str:
     """CUDA C++ source of ``program``'s megakernel (entry point ``amk_megakernel``)."""
-    return render_lowered(lower_program_cached(program))
+    return render_lowered(lower_program_cached(program, options=options), options)

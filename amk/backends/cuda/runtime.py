@@ -14,16 +14,17 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from amk import knobs
 from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
 from amk.program.ir import BufferKind, InstructionKind, Program
+from amk.program.validate import validate as validate_program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import render_lowered
 from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
-from amk.backends.cuda.lower import REF_BUFFER
 from amk.backends.cuda.lowered_cache import lower_program_cached
+from amk.backends.cuda.options import CudaOptions
+from amk.backends.cuda.steps import REF_BUFFER
 
 _BOUND = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
 _OWNED = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.IO_INPUT)
@@ -43,7 +44,7 @@ def _dev_tensor(a: np.ndarray, device) -> torch.Tensor:
 
 class CudaProgram:
     def __init__(self, program: Program, device=None, *, validate: bool = True,
-                 arch: str | None = None):
+                 arch: str | None = None, options: CudaOptions = CudaOptions()):
         if not torch.cuda.is_available():
             raise BackendUnavailable("CudaProgram needs a CUDA GPU; use backend='reference'")
         self.program = program
@@ -51,19 +52,19 @@ class CudaProgram:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if validate:
-            import amk
-            res = amk.validate(program)
+            res = validate_program(program)
             if not res.ok:
                 raise ValidationError("the CUDA backend refuses an invalid program:\n"
                                       + res.report(), res)
+        self.options = options
         self.timings: dict[str, float] = {}
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.nthreads, smem = NTHREADS, SMEM_BYTES
         t0 = time.perf_counter()
-        self.lowered = low = lower_program_cached(program, n_ctas=sm_count)
-        self.source = render_lowered(low)
+        self.lowered = low = lower_program_cached(program, sm_count, options)
+        self.source = render_lowered(low, options)
         self.timings["render_s"] = time.perf_counter() - t0
-        res = compile_source(self.source, arch or _arch(self.device))
+        res = compile_source(self.source, arch or _arch(self.device), cuda_options=options)
         self.compile_result = res
         self.timings["compile_s"] = res.seconds
         self.timings["cache_hit"] = float(res.cache_hit)
@@ -88,7 +89,7 @@ class CudaProgram:
             if b.kind in _OWNED:
                 self.buffers[b.id] = torch.zeros(b.shape, dtype=b.dtype.torch, device=dev)
         self.scratch = torch.zeros(max(low.scratch_bytes, 16), dtype=torch.uint8, device=dev)
-        stride = knobs.counter_stride()          # counter i lives at word i * stride
+        stride = self.options.counter_stride          # counter i lives at word i * stride
         init = torch.zeros(max(len(prog.counters), 1) * stride, dtype=torch.int64)
         init[::stride][:len(prog.counters)] = torch.tensor([c.init for c in prog.counters],
                                                            dtype=torch.int64)
@@ -142,7 +143,7 @@ class CudaProgram:
                         ("queue_tasks", self.queue_tasks), ("queue_off", self.queue_off),
                         ("counters", self.counters), ("state", self.state), ("errs", self.errs)):
             args[0][name] = t.data_ptr()
-        args[0]["watchdog_ns"] = int(knobs.watchdog_s() * 1e9)
+        args[0]["watchdog_ns"] = int(self.options.watchdog_s * 1e9)
         args[0]["n_queues"] = self.grid
         args[0]["prof"] = self.prof.data_ptr() if self.prof is not None else 0
         self._args = args.tobytes()
@@ -279,7 +280,7 @@ class CudaProgram:
                              f"{int(e['counter'])} = {int(e['value'])}, waits for >= "
                              f"{int(e['target'])}")
         stuck = sorted({int(e["task"]) for e in errs if int(e["task"]) >= 0})
-        return (f"megakernel made no progress for {knobs.watchdog_s():g} s (AMK_WATCHDOG_S); "
+        return (f"megakernel made no progress for {self.options.watchdog_s:g} s (AMK_WATCHDOG_S); "
                 f"stuck tasks {stuck}:\n" + "\n".join(lines)
                 + "\nThe schedule waits on counters that never reach their thresholds: check "
                   "the program with amk.validate. The program's state was reset for the next run.")

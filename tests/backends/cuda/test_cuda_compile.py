@@ -8,15 +8,16 @@ pytest.importorskip("cuda.bindings")
 
 from amk.errors import CompileError
 from amk.program.ir import DType, InstructionKind
-from amk.backends.cuda import abi, codegen, compile_source, examples, render, smem
+from amk.backends.cuda import CudaOptions, abi, codegen, compile_source, render, smem
+from amk.testing import cuda_examples as examples
 from amk.backends.cuda.lower import lower_program
 from amk.models.presets import LLAMA_3_2_1B, random_model
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
-    return tmp_path
+def cache(tmp_path):
+    """Options with a fresh disk cache."""
+    return CudaOptions(cache_dir=tmp_path)
 
 
 def test_abi_header_is_generated_from_the_enums():
@@ -68,17 +69,17 @@ def test_a_descriptor_carries_its_first_waits_as_the_table_has_them():
 
 
 def test_all_cases_compile_for_sm90a_and_hit_the_cache(cache):
-    src = render(examples.combined_program())
-    first = compile_source(src, "sm_90a")
+    src = render(examples.combined_program(), cache)
+    first = compile_source(src, "sm_90a", cuda_options=cache)
     assert not first.cache_hit and first.cubin[:4] == b"\x7fELF"
     assert "amk_megakernel" in first.log
-    second = compile_source(src, "sm_90a")
+    second = compile_source(src, "sm_90a", cuda_options=cache)
     assert second.cache_hit and second.cubin == first.cubin and second.key == first.key
-    assert len(list((cache / "cuda").glob("*.cubin"))) == 1
-    assert not list((cache / "cuda").glob(".tmp-*"))
+    assert len(list((cache.cache_dir / "cuda").glob("*.cubin"))) == 1
+    assert not list((cache.cache_dir / "cuda").glob(".tmp-*"))
 
 
-def test_dynamic_smem_starts_1024_byte_aligned_and_fits(cache, monkeypatch):
+def test_dynamic_smem_starts_1024_byte_aligned_and_fits():
     """The dynamic shared memory follows the static variables: ptxas pads them to the extern
     array's alignment (1024), so bulk copies and staged rows start on whole lines whatever the
     static variables add up to (NOTES v13a: 16-byte alignment cost 2 us a layer)."""
@@ -88,13 +89,13 @@ def test_dynamic_smem_starts_1024_byte_aligned_and_fits(cache, monkeypatch):
     assert smem.SMEM_BYTES + static <= 227 * 1024
 
 
-def test_profile_builds_compile_for_sm90a(cache, monkeypatch):
-    """AMK_PROFILE=1 renders the profile build (the marks it records are checked on a GPU:
-    tests/gpu/test_cuda_program.py) and it compiles."""
-    monkeypatch.setenv("AMK_PROFILE", "1")
-    src = render(examples.combined_program())
-    assert "#define AMK_PROFILE 1" in src
-    assert compile_source(src, "sm_90a").cubin[:4] == b"\x7fELF"
+def test_profile_builds_compile_for_sm90a():
+    """The profile build (AMK_PROFILE=1; the marks it records are checked on a GPU:
+    tests/gpu/test_cuda_program.py) renders and compiles."""
+    prof = CudaOptions(profile=True)
+    src = render(examples.combined_program(), prof)
+    assert "#define AMK_PROFILE 1" in src and "#define AMK_PROFILE" not in render(examples.combined_program())
+    assert compile_source(src, "sm_90a", cuda_options=prof).cubin[:4] == b"\x7fELF"
 
 
 def test_code_for_unused_features_is_compiled_out():
@@ -107,13 +108,11 @@ def test_code_for_unused_features_is_compiled_out():
     assert "#define AMK_ZERO 0" in src
 
 
-def test_the_1b_kernel_spills_in_no_function(cache, monkeypatch):
+def test_the_1b_kernel_spills_in_no_function():
     """The whole 16-layer Llama-3.2-1B kernel, as bench/decode.py compiles it: no device function
     spills. Before its rare paths went (rope's separate sin and cos, its powf, the FUSED unstaged
     fallback, unrolled copy loops: bench/NOTES.md v17) the attention spilled 28 B and the
     scheduler 20 B; removing that code made the step 31 us faster on the H200."""
-    for knob in ("AMK_PRELOAD",):
-        monkeypatch.delenv(knob, raising=False)
     cfg = replace(LLAMA_3_2_1B, max_seq=1088)
     res = compile_source(render(random_model(cfg, device="meta").lower(backend="cuda").program), "sm_90a")
     blocks = re.findall(r"Function properties for (\S+)\n(.*)\n", res.log)
@@ -123,16 +122,15 @@ def test_the_1b_kernel_spills_in_no_function(cache, monkeypatch):
         assert "0 bytes spill stores" in line, (name, line)
 
 
-def test_lineinfo_is_a_separate_cubin_with_a_line_table(cache, monkeypatch):
+def test_lineinfo_is_a_separate_cubin_with_a_line_table(cache):
     src = render(examples.cases()[0].program)
-    plain = compile_source(src, "sm_90a")
-    monkeypatch.setenv("AMK_LINEINFO", "1")
-    lined = compile_source(src, "sm_90a")
+    plain = compile_source(src, "sm_90a", cuda_options=cache)
+    lined = compile_source(src, "sm_90a", cuda_options=replace(cache, lineinfo=True))
     assert lined.key != plain.key and not lined.cache_hit
     assert b".nv_debug_line_sass" in lined.cubin and b".nv_debug_line_sass" not in plain.cubin
 
 
-def test_template_syntax_error_is_a_compile_error_with_numbered_source(cache, monkeypatch):
+def test_template_syntax_error_is_a_compile_error_with_numbered_source(monkeypatch):
     broken = dict(codegen._templates())
     broken["gemv.cuh"] = broken["gemv.cuh"].replace("d.ip[P_GEMV_N_OFF]", "d.ip[P_GEMV_N_OFF] oops")
     monkeypatch.setattr(codegen, "_templates", lambda: broken)
@@ -194,30 +192,31 @@ def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_
         steps = list(subs) if len(subs) else [d]         # folded into one instruction: d itself
         if ops[0] == K.RMSNORM and ops[1] == K.GEMV_TILE:
             # the norm runs inside the first GEMV (NORM); the GEMVs after it read its x in smem
-            first = low.variants[int(steps[0]["variant"])].split("<", 1)[1].split(", ")
-            assert int(steps[0]["op"]) == K.GEMV_TILE and first[9] == "true"
+            first = low.variants[int(steps[0]["variant"])]
+            assert int(steps[0]["op"]) == K.GEMV_TILE and first.arg("norm")
             assert all(s["ip"][gi] == 1 for s in steps[1:] if int(s["op"]) == K.GEMV_TILE)
             if ops == (K.RMSNORM, K.GEMV_TILE, K.GEMV_TILE, K.SILU_MUL):   # gate/up: one pair
-                assert len(steps) == 1 and first[4:6] == ["2", "2"]
+                assert len(steps) == 1 and (first.arg("nmat"), first.arg("epi")) == (2, 2)
     assert (K.GEMV_TILE, K.ADD) in seen and (K.ROPE, K.ROPE, K.ATTENTION_TILE) in seen
     assert (K.RMSNORM, K.GEMV_TILE, K.GEMV_TILE, K.SILU_MUL) in seen
 
 
 def test_a_scratch_read_outside_its_tile_is_still_zeroed():
     """A GEMV tile whose scratch a later GEMV reads whole (as x) keeps its zeroing."""
-    from amk.backends.cuda.lower import View, REF_SCRATCH, Encoded, _tile_reads_only
+    from amk.backends.cuda.fused import tile_reads_only
+    from amk.backends.cuda.steps import REF_SCRATCH, Encoded, View
     s = View((1, 64), DType.F32, (REF_SCRATCH, 0))
     x = View((1, 64), DType.F32, (0, 1))
-    tile = Encoded(int(InstructionKind.GEMV_TILE), "", ip=dict(N_OFF=0, N_TILE=16, M=1, K=64))
-    whole = Encoded(int(InstructionKind.GEMV_TILE), "", ip=dict(N_OFF=0, N_TILE=64, M=1, K=64))
-    add_in = Encoded(int(InstructionKind.ADD), "", ip=dict(C0=0, C1=16))
-    add_out = Encoded(int(InstructionKind.ADD), "", ip=dict(C0=0, C1=32))
-    assert _tile_reads_only([(tile, [x], [s]), (add_in, [x, s], [x])], s.ref)
-    assert not _tile_reads_only([(tile, [x], [s]), (add_out, [x, s], [x])], s.ref)
-    assert not _tile_reads_only([(tile, [x], [s]), (whole, [s], [x])], s.ref)
+    tile = Encoded(int(InstructionKind.GEMV_TILE), None, ip=dict(N_OFF=0, N_TILE=16, M=1, K=64))
+    whole = Encoded(int(InstructionKind.GEMV_TILE), None, ip=dict(N_OFF=0, N_TILE=64, M=1, K=64))
+    add_in = Encoded(int(InstructionKind.ADD), None, ip=dict(C0=0, C1=16))
+    add_out = Encoded(int(InstructionKind.ADD), None, ip=dict(C0=0, C1=32))
+    assert tile_reads_only([(tile, [x], [s]), (add_in, [x, s], [x])], s.ref)
+    assert not tile_reads_only([(tile, [x], [s]), (add_out, [x, s], [x])], s.ref)
+    assert not tile_reads_only([(tile, [x], [s]), (whole, [s], [x])], s.ref)
 
 
-def test_smem_staged_attention_is_the_default_and_compiles(cache):
+def test_smem_staged_attention_is_the_default_and_compiles():
     src = render(examples.combined_program())
     assert "op_attention_smem<" in src
     res = compile_source(src, "sm_90a")
@@ -228,9 +227,9 @@ def test_smem_staged_attention_is_the_default_and_compiles(cache):
 def test_staged_attention_takes_the_largest_head_pass_that_divides_a_kv_group():
     passes = {}
     for c in examples.cases():
-        call = (lower_program(c.program).variants or [""])[0]
-        if call.startswith("op_attention_smem<"):
-            passes[c.name] = int(re.search(r", (\d+), \d+>\(AMK_ARGS\)$", call).group(1))
+        var = (lower_program(c.program).variants or [None])[0]
+        if var is not None and var.fn == "op_attention_smem":
+            passes[c.name] = var.arg("hg")
     # heads a kv group: 4 (Llama-style GQA), 1 (MHA), 3, 12 (two passes of 6)
     assert passes["attention_gqa_bf16"] == 4 and passes["attention_batched_long"] == 1
     assert passes["attention_rep3_f32"] == 3 and passes["attention_rep12_hd128"] == 6

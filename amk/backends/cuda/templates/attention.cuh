@@ -6,7 +6,7 @@
 // cache's: the append runs after the attention (passes/defer_kv_append.py).
 
 // Element e (< hd) of kv head g's new k and v rows at position p, rounded as the cache stores
-// them; K_ROPE: the k row rotated first (op_rope's formula and rounding, lower._k_rope_into_attention).
+// them; K_ROPE: the k row rotated first (op_rope's formula and rounding, folds.k_rope_into_attention).
 template <class TN, class TK, class TV, class TF>
 __device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, long long row, int e,
                                           int hd, float p, float& kx, float& vx) {
@@ -198,9 +198,9 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
 // flight before pos and q are even read, and the task's loads take one round trip, not one per
 // phase (NOTES v9). K and V are separate groups: the scores start when K has landed. Rows are
 // padded by 16 bytes (conflict-free 16-byte row reads). Q_ROPE: q is rotated while it is staged
-// (the FUSED ROPE step before, folded in by lower._rope_into_attention: op_rope's formula and
+// (the FUSED ROPE step before, folded in by folds.rope_into_attention: op_rope's formula and
 // rounding). NEW_KV: the staged row pos (stale) is overwritten with the new row, read into
-// registers with q, once its group has landed. Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
+// registers with q, once its group has landed. Needs hd * sizeof(TK|TV) % 16 == 0 (encoders.py checks).
 template <class T>
 __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
                                                 int cn, int hd) {
@@ -280,7 +280,7 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
   const float2 f = *(const float2*)p; a = f.x; b = f.y;
 }
 
-// HG: the q heads of one pass, a template constant (lower: the largest divisor of the heads a
+// HG: the q heads of one pass, a template constant (encoders.py: the largest divisor of the heads a
 // kv group has, up to 8), so the per-head sums are registers with no predicates (a pass of
 // nhs < HG heads leaves the rest of pt, alpha and acc stale: never written out). Phases:
 // scores one (head, position) a thread; softmax a warp a head, writing probabilities

@@ -165,7 +165,7 @@ struct BulkWatch {
   KernelState* st;
 };
 __shared__ BulkWatch amk_bw;
-// AMK_PRE: the next task's first GEMV rows (lower._preload), bulk-copied to smem + AMK_PRE_OFF by
+// AMK_PRE: the next task's first GEMV rows (preload.py), bulk-copied to smem + AMK_PRE_OFF by
 // thread 0 during the task before it, complete phase amk_pre_n - 1 of amk_pre_bar (amk_pre_n:
 // preloads this CTA issued). amk_pre_ranges[slot]: the running task's ranges to copy (the
 // descriptor slot's), amk_pre_pending of them not yet issued (thread 0's bookkeeping).

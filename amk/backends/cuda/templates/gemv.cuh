@@ -27,7 +27,7 @@ __device__ __forceinline__ float gemv_scalar(const TW* W, long long row, long lo
   return (float)(((k & 1) ? byte >> 4 : byte) & 15u) - 8.0f;
 }
 
-// ADD (M == 1, lower._fold_add): the FUSED step after the GEMV added a residual (the task's last
+// ADD (M == 1, folds.fold_add): the FUSED step after the GEMV added a residual (the task's last
 // input) to its tile; the sum, rounded to TY first as that step did, gets it added here and goes
 // out as TO to the task's output: no scratch round trip, no barrier, no extra step.
 // a + w . x for one 16-byte weight vector of float type TW and its VecN<TW>::N x values (fp32,
@@ -186,7 +186,7 @@ __device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, 
   }
 }
 
-// The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: lower._preload), laid out
+// The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: preload.py), laid out
 // as in global memory, matrix after matrix.
 template <int NMAT, int GU>
 __device__ __forceinline__ void direct_load_pre(uint4 (&wv)[2][GU], const char* pre, int pr, int n_tile,
@@ -233,15 +233,15 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // 16-byte vectors. Warp w takes items w, w + NWARPS, ...: all warps busy even when the tile has
 // few long rows (down: 16 rows of 8192). Each item's sums land
 // in part[] (after x) and every row adds its segments in a fixed order: steps are bit-identical.
-// EPI 0: y_m = s (+ bias). 1 (ADD, lower._fold_add): out = round_TY(s) + residual (last input).
-// 2 (SILU, NMAT == 2, lower._pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
+// EPI 0: y_m = s (+ bias). 1 (ADD, folds.fold_add): out = round_TY(s) + residual (last input).
+// 2 (SILU, NMAT == 2, folds.pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
-// 3 (ARGMAX, NMAT == 1, lower._argmax_folds): as 0, and the tile's argmax over the values it
+// 3 (ARGMAX, NMAT == 1, argmax_fold.py): as 0, and the tile's argmax over the values it
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
 // ip PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF while the
-// task before ran (lower._preload): items within them read from there once the copy has landed.
+// task before ran (preload.py): items within them read from there once the copy has landed.
 // The template's PRE: that path is compiled (only variants some task of which preloads).
-// NORM (lower._norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
+// NORM (folds.norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
@@ -255,7 +255,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2, items = groups * nseg;
   const TX* x = (const TX*)P[0];
   float* xs = (float*)smem;
-  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (lower checks the fit)
+  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
   const int warp = threadIdx.x >> 5;
   const TR* res = (const TR*)P[d.n_in - 1];
   // ADD: the residual of this thread's output loaded now, with x, not after the sums

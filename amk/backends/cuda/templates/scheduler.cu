@@ -5,7 +5,7 @@
 // the NEXT task's TaskDesc is copied (cp.async) before this task's wait, its pointers and
 // FUSED step descriptors right after this task ends (three slots measured slower, NOTES v10);
 // the queue's task ids are in shared memory. A task whose descriptor has n_pre copies the NEXT
-// task's first weight rows into shared memory (AMK_PRE, lower._preload): thread 0 issues them
+// task's first weight rows into shared memory (AMK_PRE, preload.py): thread 0 issues them
 // from the staged attention once its own loads are out, else when the task ends. Counters are
 // monotonic: wait i needs counter >= threshold + epoch * stride, epoch = steps completed,
 // advanced by the last CTA out. Counter i lives at word i * AMK_CSTRIDE.

@@ -1,6 +1,7 @@
 """Hand-built programs covering every opcode and dtype variant the CUDA templates handle.
 
-Used by the CPU compile test (render + NVRTC for sm_90a) and by the GPU tests (each case run
+Used by the CPU compile tests (tests/backends/cuda: render + NVRTC for sm_90a) and by the GPU
+tests (each case run
 alone against the reference semantics). Each case is one task over fresh buffers; ``bindings``
 draws fresh random inputs for every call.
 """
@@ -300,7 +301,7 @@ def rope_new_kv_attention_case() -> Case:
 def combine_o_add_case() -> Case:
     """split-KV combine -> o-projection tile -> residual add, one FUSED task (the cuda pass
     options build these): the combine leaves x in shared memory, the GEMV adds the
-    residual itself (lower._fold_add)."""
+    residual itself (folds.fold_add)."""
     P, nh, hd, N = 3, 4, 32, 64
     H = nh * hd
     b = Builder("fused_combine_o_add")
