@@ -56,7 +56,7 @@ def dump_stages(low) -> None:
         files = [name if "." in name else f"{i:02d}_{name}.txt" for i, name in enumerate(stages)]
         for f, text in zip(files, stages.values()):      # kernel.cu keeps its name
             (d / f).write_text(text + "\n")
-        if "cubin" in stages:                            # the backend's binary stage
+        if "cubin" in stages and low.cuda_build().compiled is not None:   # the binary stage
             (d / "kernel.cubin").write_bytes(low.cuda_build().compiled.cubin)
         final = files[len(low.programs)]                 # the program after the last pass
         (d / "repro.py").write_text(_REPRO.format(final=final))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from amk.errors import BackendUnavailable
 from amk.program.ir import InstructionKind as K, Program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import call_text, render_lowered
@@ -21,21 +22,26 @@ class CudaBuild:
     folded: Folded
     lowered: Lowered
     source: str
-    compiled: CompileResult
+    compiled: CompileResult | None       # None: no NVRTC here (why: `missing`)
+    missing: str = ""
 
     def stages(self) -> dict[str, str]:
         r = self.compiled
+        cubin = (f"cubin: {len(r.cubin)} bytes, key {r.key}, "
+                 f"{'cache hit' if r.cache_hit else f'NVRTC {r.seconds:.1f} s'}" if r is not None
+                 else f"cubin: not built ({self.missing})")
         return {"cuda_folded": folded_text(self.folded), "cuda_tables": tables_text(self.lowered),
-                "kernel.cu": self.source,
-                "cubin": f"cubin: {len(r.cubin)} bytes, key {r.key}, "
-                         f"{'cache hit' if r.cache_hit else f'NVRTC {r.seconds:.1f} s'}"}
+                "kernel.cu": self.source, "cubin": cubin}
 
 
 def build(program: Program, n_ctas: int, arch: str, options: CudaOptions) -> CudaBuild:
     folded = fold_program(program, n_ctas, options)
     lowered = pack(program, folded)
     source = render_lowered(lowered, options)
-    return CudaBuild(folded, lowered, source, compile_source(source, arch, cuda_options=options))
+    try:
+        return CudaBuild(folded, lowered, source, compile_source(source, arch, cuda_options=options))
+    except BackendUnavailable as e:          # the text stages need no NVRTC
+        return CudaBuild(folded, lowered, source, None, str(e).splitlines()[0])
 
 
 def _view_text(v: View) -> str:

@@ -63,3 +63,15 @@ def test_an_edited_kernel_cu_is_compiled_instead(tiny, tmp_path, monkeypatch):
 def _key_of(m, monkeypatch):
     monkeypatch.delenv("AMK_CUDA_SOURCE")
     return _lower(m).cuda_build().compiled.key
+
+
+def test_without_nvrtc_the_text_stages_are_still_there(tiny, monkeypatch):
+    from amk.backends.cuda import stages
+    from amk.errors import BackendUnavailable
+
+    def no_nvrtc(*a, **k):
+        raise BackendUnavailable("the CUDA backend needs cuda-python's NVRTC bindings")
+    monkeypatch.setattr(stages, "compile_source", no_nvrtc)
+    st = _lower(tiny).stages
+    assert st["cubin"] == "cubin: not built (the CUDA backend needs cuda-python's NVRTC bindings)"
+    assert "op_gemv_direct<" in st["kernel.cu"] and st["cuda_folded"].startswith("# ")
