@@ -5,8 +5,9 @@ from amk.errors import (AmkError, BackendUnavailable, CompileError, DeadlockErro
                         ValidationError)
 from amk.jit import Jitted, Lowered, jit
 from amk.quant import QuantizedWeight, dequantize, quantize
+from amk.version import VERSION
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 
 def validate(program):

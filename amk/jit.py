@@ -32,14 +32,18 @@ class Lowered:
     """The staged result of tracing and compiling one signature."""
 
     def __init__(self, graph: Graph, program: Program, programs: dict[str, Program] | None,
-                 out_treedef, options, timings: dict[str, float]):
+                 out_treedef, options, timings: dict[str, float], backend: str = "reference",
+                 cuda_options=None):
         self.graph = graph
         self.program = program          # the final program, what backends run
         self._programs = programs       # None after a cache hit: recomputed when asked for
         self.out_treedef = out_treedef
         self.options = options
         self.timings = timings
+        self.backend = backend
+        self.cuda_options = cuda_options if cuda_options is not None else knobs.cuda_options()
         self._stages: dict[str, str] | None = None
+        self._cuda_build = None
 
     @property
     def programs(self) -> dict[str, Program]:
@@ -50,21 +54,33 @@ class Lowered:
 
     @property
     def stages(self) -> dict[str, str]:
-        """{"graph": text, "lower": text, "tile": text, ...}, rendered on first access."""
+        """{"graph": text, "lower": text, "tile": text, ...}, rendered on first access; for the
+        cuda backend the backend's stages follow: "cuda_folded", "cuda_tables", "kernel.cu" and
+        "cubin" (a summary line; cuda_build().compiled.cubin is the binary)."""
         if self._stages is None:
             from amk.program.text import program_to_text
             self._stages = {"graph": str(self.graph)}
             self._stages.update({k: program_to_text(p) for k, p in self.programs.items()})
+            if self.backend == "cuda":
+                self._stages.update(self.cuda_build().stages())
         return self._stages
+
+    def cuda_build(self, arch: str = "sm_90a"):
+        """The CUDA backend's stages of this program for ``arch`` (NVRTC only, no GPU)."""
+        if self._cuda_build is None or self._cuda_build[0] != arch:
+            from amk.backends.cuda.stages import build
+            self._cuda_build = (arch, build(self.program, self.options.target.num_sms, arch,
+                                            self.cuda_options))
+        return self._cuda_build[1]
 
     def compile_cuda(self, arch: str = "sm_90a") -> bytes:
         """The CUBIN for this program (works without a GPU: NVRTC only)."""
         from amk.backends.cuda import compile_cuda
-        return compile_cuda(self.program, arch=arch)
+        return compile_cuda(self.program, arch, self.cuda_options)
 
     def executable(self, backend: str, device: torch.device):
         from amk.backends import make_executable
-        return make_executable(self.program, backend, device)
+        return make_executable(self.program, backend, device, self.cuda_options)
 
 
 def _default_backend(device: torch.device) -> str:
@@ -91,6 +107,7 @@ class Jitted:
             if n not in self.sig.parameters:
                 raise ValueError(f"amk.jit: {fn.__name__} has no argument named {n!r}")
         self.trace_count = 0
+        self._cuda_options = None           # built from the knobs at the first call, once
         self._cache: dict[Any, Lowered] = {}
         self._executables: dict[Any, Any] = {}
         functools.update_wrapper(self, fn)
@@ -129,7 +146,14 @@ class Jitted:
             hash(static)
         except TypeError:
             raise TraceError(f"amk.jit: static arguments must be hashable, got {static!r}") from None
-        return (tds, avals, static, backend, str(self.options), knobs.backend_knobs())
+        return (tds, avals, static, backend, str(self.options), self.cuda_options.key())
+
+    @property
+    def cuda_options(self):
+        """The CUDA backend's options: read from the knobs once, at this function's first use."""
+        if self._cuda_options is None:
+            self._cuda_options = knobs.cuda_options()
+        return self._cuda_options
 
     # -- staging -----------------------------------------------------------------------------
     def _lower(self, dyn, static, leaves, backend: str, device: torch.device) -> Lowered:
@@ -146,7 +170,8 @@ class Jitted:
         program, programs = run_pipeline_cached(graph, opts)
         t2 = time.perf_counter()
         low = Lowered(graph, program, programs, out_td, opts,
-                      {"trace_s": t1 - t0, "passes_s": t2 - t1, "cache_hit": programs is None})
+                      {"trace_s": t1 - t0, "passes_s": t2 - t1, "cache_hit": programs is None},
+                      backend, self.cuda_options)
         dump_stages(low)
         return low
 

@@ -20,7 +20,8 @@ def resolve_device(device, who: str, hint: str) -> torch.device:
     return dev
 
 
-def make_executable(program: Program, backend: str, device: torch.device):
+def make_executable(program: Program, backend: str, device: torch.device, cuda_options=None):
+    """cuda_options: the CUDA backend's CudaOptions (None: its defaults)."""
     if backend == "reference":
         from amk.backends.reference.vm import ReferenceVM
         return ReferenceVM(program, device=device)
@@ -28,7 +29,8 @@ def make_executable(program: Program, backend: str, device: torch.device):
         if device.type != "cuda":
             raise BackendUnavailable(f"backend 'cuda' needs CUDA tensors; the arguments are on {device}")
         from amk.backends.cuda import CudaProgram
-        return CudaProgram(program, device=device)
+        from amk.backends.cuda.options import CudaOptions
+        return CudaProgram(program, device=device, options=cuda_options or CudaOptions())
     if backend == "triton":
         from amk.backends.triton.backend import TritonProgram
         # On a GPU the step is captured once in a CUDA graph and replayed (no per-launch gaps).

@@ -16,7 +16,7 @@ from amk.backends.reference.vm import ReferenceVM
 from amk.program.ir import BufferKind
 
 here = pathlib.Path(__file__).parent
-prog = parse_program(sorted(here.glob("[0-9][0-9]_*.txt"))[-1].read_text())
+prog = parse_program((here / "{final}").read_text())
 res = validate(prog)
 print(res.report())
 if not res.ok:
@@ -53,11 +53,16 @@ def dump_stages(low) -> None:
     if root is not None:
         d = _unique_dir(root, low.graph.name)
         d.mkdir(parents=True)
-        for i, (name, text) in enumerate(stages.items()):
-            (d / f"{i:02d}_{name}.txt").write_text(text + "\n")
-        (d / "repro.py").write_text(_REPRO.format())
+        files = [name if "." in name else f"{i:02d}_{name}.txt" for i, name in enumerate(stages)]
+        for f, text in zip(files, stages.values()):      # kernel.cu keeps its name
+            (d / f).write_text(text + "\n")
+        if "cubin" in stages and low.cuda_build().compiled is not None:   # the binary stage
+            (d / "kernel.cubin").write_bytes(low.cuda_build().compiled.cubin)
+        final = files[len(low.programs)]                 # the program after the last pass
+        (d / "repro.py").write_text(_REPRO.format(final=final))
         print(f"[amk] dumped {len(stages)} stages of {low.graph.name} to {d}", file=sys.stderr)
     wanted = set(which.split(",")) if which else set()
-    for name, text in stages.items():
-        if knobs.debug() >= 3 or "all" in wanted or name in wanted:
+    for i, (name, text) in enumerate(stages.items()):
+        backend_stage = i > len(low.programs)             # printed from AMK_DEBUG=4 on
+        if knobs.debug() >= 3 + backend_stage or "all" in wanted or name in wanted:
             print(f"// ----- {low.graph.name}: after {name} -----\n{text}", file=sys.stderr)

@@ -95,19 +95,15 @@ class PassOptions:
 
 
 def gpu_target(device=None) -> Target:
-    """The preset matching the CUDA device's name, with its real SM count and smem. The cuda
-    backend runs amk.knobs.ctas_per_sm() persistent CTAs on each SM, one queue each, so the
-    target has that many queues per SM (num_sms counts queues; each gets its share of mem_bw)."""
-    from amk import knobs
-    per_sm = knobs.ctas_per_sm()
+    """The preset matching the CUDA device's name, with its real SM count (one persistent CTA
+    and one queue per SM) and smem."""
     try:
         import torch
         if not torch.cuda.is_available():
-            return H200.with_(num_sms=H200.num_sms * per_sm)
+            return H200
         props = torch.cuda.get_device_properties(device if device is not None else 0)
     except Exception:  # no driver: shape for the default target
-        return H200.with_(num_sms=H200.num_sms * per_sm)
+        return H200
     base = H100 if "H100" in props.name else H200
     smem = int(getattr(props, "shared_memory_per_block_optin", 0) or base.smem_bytes)
-    return base.with_(name=props.name, num_sms=int(props.multi_processor_count) * per_sm,
-                      smem_bytes=smem)
+    return base.with_(name=props.name, num_sms=int(props.multi_processor_count), smem_bytes=smem)

@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("cuda.bindings")
 
 from amk.program.ir import BufferKind
-from amk.backends.cuda import examples
+from amk.testing import cuda_examples as examples
 from amk.backends.cuda.runtime import CudaProgram
 from amk.backends.reference.semantics import RefCtx, semantics_for
 

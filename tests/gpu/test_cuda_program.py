@@ -12,7 +12,8 @@ pytest.importorskip("cuda.bindings")
 
 from amk.errors import DeadlockError
 from amk.program.ir import BufferKind as BK, DType as D, InstructionKind as K
-from amk.backends.cuda.examples import Builder
+from amk.testing.cuda_examples import Builder
+from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.runtime import CudaProgram
 
 
@@ -113,11 +114,11 @@ def test_a_task_with_more_waits_than_its_descriptor_carries():
         torch.testing.assert_close(got[0].cpu(), 2 * n * x)
 
 
-def test_a_stuck_wait_past_the_inline_ones_is_named(monkeypatch):
-    monkeypatch.setenv("AMK_WATCHDOG_S", "0.2")
+def test_a_stuck_wait_past_the_inline_ones_is_named():
     from amk.backends.cuda import abi
     n = abi.INLINE_WAITS + 2
-    cp = CudaProgram(many_waits_program(n, stuck=n - 1), "cuda", validate=False)
+    cp = CudaProgram(many_waits_program(n, stuck=n - 1), "cuda", validate=False,
+                     options=CudaOptions(watchdog_s=0.2))
     with pytest.raises(DeadlockError, match="sum_of_all") as ei:
         cp.run({"x": torch.ones(64, device="cuda")})
     assert f"counter {n - 1} = 1" in str(ei.value)
@@ -153,13 +154,12 @@ def test_cuda_graph_capture_of_one_step():
     assert torch.equal(cp.buffers[prog.outputs[0]], ref[0])
 
 
-def test_profile_build_records_each_gemv_tasks_marks_in_order(monkeypatch):
-    """AMK_PROFILE=1: every plain op_gemv_direct task records its AMK_MARK points 0..4 (entered,
+def test_profile_build_records_each_gemv_tasks_marks_in_order():
+    """The profile build (AMK_PROFILE=1): every plain op_gemv_direct task records its AMK_MARK points 0..4 (entered,
     x staged, warp 0's first item, all items, stored) in order between its wait's end and its
     end; FUSED tasks keep their steps' starts in those words instead and have no marks."""
-    monkeypatch.setenv("AMK_PROFILE", "1")
     prog = chain_program()
-    cp = CudaProgram(prog, "cuda")
+    cp = CudaProgram(prog, "cuda", options=CudaOptions(profile=True))
     cp.run({k: v.cuda() for k, v in chain_bindings(5).items()})
     rows = {r[0]: r for r in cp.profile()}
     marks = cp.profile_marks()
@@ -174,15 +174,14 @@ def test_profile_build_records_each_gemv_tasks_marks_in_order(monkeypatch):
     assert fused and all(i in steps and i not in marks for i in fused)
 
 
-def test_deadlock_raises_instead_of_hanging(monkeypatch):
-    monkeypatch.setenv("AMK_WATCHDOG_S", "0.2")
+def test_deadlock_raises_instead_of_hanging():
     b = Builder("stuck")
     x = b.buf("x", BK.IO_INPUT, D.F32, (8,))
     y = b.buf("y", BK.IO_OUTPUT, D.F32, (8,))
     c = b.task(K.COPY, [x], [y])
     b.task(K.COPY, [x], [y], waits=[(c, 5)], name="waits_forever")   # only one incrementer
     b.outputs = [y]
-    cp = CudaProgram(b.program(), "cuda", validate=False)
+    cp = CudaProgram(b.program(), "cuda", validate=False, options=CudaOptions(watchdog_s=0.2))
     t0 = time.time()
     with pytest.raises(DeadlockError, match="waits_forever") as ei:
         cp.run({"x": torch.ones(8, device="cuda")})

@@ -6,7 +6,7 @@ import torch
 
 from pass_helpers import OPTS, bindings, llama_program, run, run_passes
 
-from amk.backends.cuda import examples
+from amk.testing import cuda_examples as examples
 from amk.backends.reference.semantics_attention import attention_tile
 from amk.passes.defer_kv_append import defer_kv_append
 from amk.program.deps import dependencies

@@ -26,17 +26,13 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("n_out", "int", 1),
     ("sub_begin", "int", 1),     # FUSED: sub-task descriptors tasks[sub_begin : +n_sub]
     ("n_sub", "int", 1),
-    ("pf_begin", "int", 1),      # static L2-prefetch ranges prefetch[pf_begin : +n_pf]
-    ("n_pf", "int", 1),
+    ("pre_begin", "int", 1),     # the NEXT task's preload: ranges[pre_begin : +n_pre]
     ("zero_begin", "int", 1),    # FUSED: scratch ranges zeroed before the steps run
     ("n_zero", "int", 1),
     ("task_id", "int", 1),       # Program task id (for error reports)
-    ("ck_begin", "int", 1),      # weight chunks this task takes from its CTA's weight stream:
-    ("n_ck", "int", 1),          #   ranges[ck_begin : +n_ck] (host bookkeeping; FUSED steps too)
     ("n_ptr_all", "int", 1),     # pointers of the task AND its FUSED steps, contiguous from
                                  #   ptr_begin (the scheduler copies them in one go)
-    ("n_pre", "int", 1),         # the NEXT task's preload: ranges[pf_begin + n_pf : +n_pre], copied
-                                 #   into smem at AMK_PRE_OFF during this task (lower._preload)
+    ("n_pre", "int", 1),         # copied into smem at AMK_PRE_OFF during this task (preload.py)
     ("wait_c", "int", INLINE_WAITS),          # the first INLINE_WAITS waits again (counter,
     ("wait_t", "unsigned", INLINE_WAITS),     #   threshold, stride): they arrive in shared memory
     ("wait_s", "unsigned", INLINE_WAITS),     #   with the descriptor, no load before the poll
@@ -57,7 +53,7 @@ STATE_FIELDS = (("epoch", "unsigned", 1), ("done", "unsigned", 1), ("abort", "un
 FAULT_DEADLOCK = 1
 FAULT_KV_POS = 2        # KV_APPEND position outside the cache
 FAULT_EMBED_ID = 3      # token id outside the embedding table
-FAULT_STREAM = 4        # a bulk copy into smem never completed (templates/common.cuh, mbar_wait)
+FAULT_COPY = 4          # a bulk copy into smem never completed (templates/common.cuh, mbar_wait)
 PROF_WORDS = 12         # AMK_PROFILE, per queue entry: wait start, wait end, end, SM, 8 step starts
 
 _NP = {"int": np.int32, "unsigned": np.uint32, "float": np.float32,
@@ -79,26 +75,24 @@ STATE_DTYPE = np_dtype(STATE_FIELDS)
 IP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_CS", "B_RS", "B_CS", "KIND"),
     # XS_READY: x is already in shared memory as fp32 (a fused norm put it there: TO_SMEM)
-    # PIPE: op_gemv_pipe (NMAT weight matrices sharing x, NV 16-byte vectors a row, RB bytes
-    # between rows)
     # ARG_SLOT: op_gemv_direct EPI 3 writes its tile's argmax partial to slot ARG_SLOT of its
-    # second output (lower._argmax_folds)
-    # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (lower._preload)
-    # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, lower._norm_into_gemv)
-    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY",
-             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT", "PRE"),
+    # second output (argmax_fold.py)
+    # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (preload.py)
+    # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, folds.norm_into_gemv)
+    "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
+             "PRE"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
-    # Q_ROPE: q is rotated here (lower._rope_into_attention); K_ROPE: so is NEW_KV's new k row
-    # (lower._k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
+    # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row
+    # (folds.k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
     # from THETA. NEW_KV: cache row pos is read from k_new, v_new (P[4], P[5]). KV_SHARD of
-# KV_SHARDS: the shard's piece of the live window (regions.kv_window)
+    # KV_SHARDS: the shard's piece of the live window (regions.kv_window)
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
              "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE",
              "KV_SHARD", "KV_SHARDS"),
     "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
     "EMBED": ("B", "H", "V", "IDS64"),
-    # ROPE_HD > 0: the new rows are rotated here (lower._rope_into_append), inverse frequencies
+    # ROPE_HD > 0: the new rows are rotated here (folds.rope_into_append), inverse frequencies
     # at P[2] when ROPE_INV, else from THETA
     "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM", "ROPE_HD", "ROPE_INV"),
     "ARGMAX": ("ROWS", "V", "OUT64"),
@@ -139,7 +133,7 @@ def render_header() -> str:
     out += [f"#define DT_{d.name} {int(d)}\n" for d in DType]
     out += [f"#define EW_{k} {i}\n" for i, k in enumerate(EW_KINDS)]
     out += [f"#define FAULT_DEADLOCK {FAULT_DEADLOCK}\n", f"#define FAULT_KV_POS {FAULT_KV_POS}\n",
-            f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_STREAM {FAULT_STREAM}\n",
+            f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_COPY {FAULT_COPY}\n",
             f"#define AMK_INLINE_WAITS {INLINE_WAITS}\n"]
     for g, names in IP_SLOTS.items():
         out += [f"#define P_{g}_{n} {i}\n" for i, n in enumerate(names)]
@@ -160,7 +154,16 @@ ARGS_FIELDS = (("tasks", "unsigned long long", 1), ("waits", "unsigned long long
                ("counters", "unsigned long long", 1), ("state", "unsigned long long", 1),
                ("errs", "unsigned long long", 1), ("watchdog_ns", "unsigned long long", 1),
                ("n_queues", "unsigned long long", 1),
-               ("prof", "unsigned long long", 1),        # AMK_PROFILE: u64 [queue entries][PROF_WORDS]
-               ("stream", "unsigned long long", 1),      # RangeDesc per weight-stream chunk,
-               ("stream_off", "unsigned long long", 1))  #   CTA b's: [stream_off[b], [b+1])
+               ("prof", "unsigned long long", 1))        # AMK_PROFILE: u64 [queue entries][PROF_WORDS]
 ARGS_DTYPE = np_dtype(ARGS_FIELDS)
+
+# The ip/fp slot group each opcode's descriptor uses (what the encoders write; for printing).
+OP_GROUP = {InstructionKind.COPY: "EW", InstructionKind.ADD: "EW", InstructionKind.MUL: "EW",
+            InstructionKind.SILU_MUL: "EW", InstructionKind.GELU: "EW",
+            InstructionKind.ALLREDUCE_SHARD: "RED", InstructionKind.GEMV_TILE: "GEMV",
+            InstructionKind.GEMM_TILE: "GEMV", InstructionKind.RMSNORM: "NORM",
+            InstructionKind.LAYERNORM: "NORM", InstructionKind.ROPE: "ROPE",
+            InstructionKind.ATTENTION_TILE: "ATTN", InstructionKind.ATTENTION_COMBINE: "COMB",
+            InstructionKind.EMBED: "EMBED", InstructionKind.KV_APPEND: "KV",
+            InstructionKind.SAMPLE_ARGMAX: "ARGMAX", InstructionKind.SOFTMAX: "SOFTMAX",
+            InstructionKind.DEQUANT: "DEQ"}

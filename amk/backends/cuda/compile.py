@@ -12,10 +12,11 @@ import re
 import time
 from dataclasses import dataclass
 
-from amk import knobs
 from amk.diskcache import write_atomic
 from amk.errors import BackendUnavailable, CompileError
 from amk.program.ir import Program
+from amk.version import VERSION
+from amk.backends.cuda.options import CudaOptions
 
 SOURCE_NAME = "amk_megakernel.cu"
 DEFAULT_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
@@ -78,31 +79,28 @@ def numbered_excerpt(source: str, log: str, context: int = 4, max_sites: int = 5
     return "\n".join(out)
 
 
-def _amk_version() -> str:
-    import amk
-    return getattr(amk, "__version__", "0")
-
-
-def cache_key(source: str, arch: str, options: tuple[str, ...]) -> str:
+def cache_key(source: str, arch: str, options: tuple[str, ...], cuda_options: CudaOptions) -> str:
     from amk.backends.cuda.codegen import template_hash
     h = hashlib.sha256()
-    for part in (_amk_version(), template_hash(), hashlib.sha256(source.encode()).hexdigest(),
-                 " ".join(options), arch, "%d.%d" % nvrtc_version()):
+    for part in (VERSION, template_hash(), hashlib.sha256(source.encode()).hexdigest(),
+                 " ".join(options), arch, "%d.%d" % nvrtc_version(), cuda_options.key()):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:32]
 
 
 def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] | None = None,
-                   use_cache: bool = True) -> CompileResult:
-    """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache.
-    ``options`` default: DEFAULT_OPTIONS, plus -lineinfo under AMK_LINEINFO=1."""
+                   use_cache: bool = True, cuda_options: CudaOptions = CudaOptions()) -> CompileResult:
+    """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache in
+    cuda_options.cache_dir (none when it is None). ``options`` (NVRTC's) default:
+    DEFAULT_OPTIONS, plus -lineinfo under cuda_options.lineinfo."""
     if options is None:
-        options = DEFAULT_OPTIONS + (("-lineinfo",) if knobs.lineinfo() else ())
+        options = DEFAULT_OPTIONS + (("-lineinfo",) if cuda_options.lineinfo else ())
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise CompileError(f"arch {arch!r} is not a real GPU architecture like 'sm_90a' "
                            "(AMK loads CUBINs, never PTX)")
-    key = cache_key(source, arch, tuple(options))
-    path = str(knobs.cache_dir() / "cuda" / f"{key}.cubin")
+    key = cache_key(source, arch, tuple(options), cuda_options)
+    use_cache = use_cache and cuda_options.cache_dir is not None
+    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if use_cache else ""
     if use_cache and os.path.exists(path):
         with open(path, "rb") as f:
             data = f.read()
@@ -140,24 +138,13 @@ def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] |
     return CompileResult(bytes(buf), log, seconds, False, key, path)
 
 
-def compile_cuda(program: Program, arch: str = "sm_90a") -> bytes:
+def compile_cuda(program: Program, arch: str = "sm_90a",
+                 options: CudaOptions = CudaOptions()) -> bytes:
     """The CUBIN of ``program``'s megakernel (see compile_program for timings)."""
-    return compile_program(program, arch).cubin
+    return compile_program(program, arch, options).cubin
 
 
-def compile_program(program: Program, arch: str = "sm_90a") -> CompileResult:
+def compile_program(program: Program, arch: str = "sm_90a",
+                    options: CudaOptions = CudaOptions()) -> CompileResult:
     from amk.backends.cuda.codegen import render
-    src = render(program)
-    _dump_source(program, src)
-    return compile_source(src, arch)
-
-
-def _dump_source(program: Program, src: str) -> None:
-    d = knobs.dump_ir_dir()
-    if d is not None:
-        folder = d / program.name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "kernel.cu").write_text(src)
-    if knobs.debug() >= 4:
-        import sys
-        print(src, file=sys.stderr)
+    return compile_source(render(program, options), arch, cuda_options=options)

@@ -14,16 +14,17 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from amk import knobs
 from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
 from amk.program.ir import BufferKind, InstructionKind, Program
+from amk.program.validate import validate as validate_program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import render_lowered
-from amk.backends.cuda.smem import launch_shape
+from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
-from amk.backends.cuda.lower import REF_BUFFER
 from amk.backends.cuda.lowered_cache import lower_program_cached
+from amk.backends.cuda.options import CudaOptions
+from amk.backends.cuda.steps import REF_BUFFER
 
 _BOUND = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
 _OWNED = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.IO_INPUT)
@@ -43,7 +44,7 @@ def _dev_tensor(a: np.ndarray, device) -> torch.Tensor:
 
 class CudaProgram:
     def __init__(self, program: Program, device=None, *, validate: bool = True,
-                 arch: str | None = None):
+                 arch: str | None = None, options: CudaOptions = CudaOptions()):
         if not torch.cuda.is_available():
             raise BackendUnavailable("CudaProgram needs a CUDA GPU; use backend='reference'")
         self.program = program
@@ -51,21 +52,19 @@ class CudaProgram:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if validate:
-            import amk
-            res = amk.validate(program)
+            res = validate_program(program)
             if not res.ok:
                 raise ValidationError("the CUDA backend refuses an invalid program:\n"
                                       + res.report(), res)
+        self.options = options
         self.timings: dict[str, float] = {}
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        # CTAs per SM, their threads and smem: read once, so source, launch and check agree
-        self.ctas_per_sm = knobs.ctas_per_sm()
-        self.nthreads, smem = launch_shape(self.ctas_per_sm)
+        self.nthreads, smem = NTHREADS, SMEM_BYTES
         t0 = time.perf_counter()
-        self.lowered = low = lower_program_cached(program, n_ctas=sm_count * self.ctas_per_sm)
-        self.source = render_lowered(low, self.ctas_per_sm)
+        self.lowered = low = lower_program_cached(program, sm_count, options)
+        self.source = render_lowered(low, options)
         self.timings["render_s"] = time.perf_counter() - t0
-        res = compile_source(self.source, arch or _arch(self.device))
+        res = compile_source(self.source, arch or _arch(self.device), cuda_options=options)
         self.compile_result = res
         self.timings["compile_s"] = res.seconds
         self.timings["cache_hit"] = float(res.cache_hit)
@@ -76,12 +75,6 @@ class CudaProgram:
         self.timings["load_s"] = time.perf_counter() - t0
         self.grid = len(low.queues)
         occ = self.kernel.occupancy(self.nthreads)
-        if occ < self.ctas_per_sm:
-            raise BackendUnavailable(
-                f"AMK_CTAS_PER_SM={self.ctas_per_sm} needs {self.ctas_per_sm} co-resident CTAs "
-                f"per SM but this GPU holds {occ} ({self.nthreads} threads, "
-                f"{self.kernel.num_regs} registers a thread, {smem} B dynamic shared memory a "
-                f"CTA); set AMK_CTAS_PER_SM=1")
         if occ < 1 or self.grid > occ * self.kernel.sm_count:
             raise BackendUnavailable(
                 f"the megakernel needs {self.grid} co-resident CTAs but the GPU holds "
@@ -96,7 +89,7 @@ class CudaProgram:
             if b.kind in _OWNED:
                 self.buffers[b.id] = torch.zeros(b.shape, dtype=b.dtype.torch, device=dev)
         self.scratch = torch.zeros(max(low.scratch_bytes, 16), dtype=torch.uint8, device=dev)
-        stride = knobs.counter_stride()          # counter i lives at word i * stride
+        stride = self.options.counter_stride          # counter i lives at word i * stride
         init = torch.zeros(max(len(prog.counters), 1) * stride, dtype=torch.int64)
         init[::stride][:len(prog.counters)] = torch.tensor([c.init for c in prog.counters],
                                                            dtype=torch.int64)
@@ -115,8 +108,6 @@ class CudaProgram:
         self.queue_off = _dev_tensor(qo, dev)
         self.ptrs_dev = torch.zeros(max(len(low.ptr_refs), 1), dtype=torch.int64, device=dev)
         self.ranges_dev = torch.zeros(max(len(low.ranges), 1) * 2, dtype=torch.int64, device=dev)
-        self.stream_dev = torch.zeros(max(len(low.stream), 1) * 2, dtype=torch.int64, device=dev)
-        self.stream_off = _dev_tensor(low.stream_off.astype(np.int32), dev)
         n_entries = max(len(qt), 1)
         self.prof = (torch.zeros(n_entries * abi.PROF_WORDS, dtype=torch.int64, device=dev)
                      if "#define AMK_PROFILE" in self.source else None)
@@ -146,16 +137,13 @@ class CudaProgram:
                 a = base[ident] if kind == REF_BUFFER else sbase + np.uint64(ident)
                 rng[i]["addr"], rng[i]["bytes"] = np.uint64(a) + np.uint64(off), n
             self.ranges_dev.copy_(torch.from_numpy(rng.view(np.int64)))
-            if len(low.stream):       # each CTA's weight-stream chunks, in the order it takes them
-                self.stream_dev.copy_(torch.from_numpy(rng[low.stream].view(np.int64)))
         args = np.zeros(1, dtype=abi.ARGS_DTYPE)
         for name, t in (("tasks", self.tasks_dev), ("waits", self.waits_dev),
                         ("ptrs", self.ptrs_dev), ("ranges", self.ranges_dev),
                         ("queue_tasks", self.queue_tasks), ("queue_off", self.queue_off),
-                        ("counters", self.counters), ("state", self.state), ("errs", self.errs),
-                        ("stream", self.stream_dev), ("stream_off", self.stream_off)):
+                        ("counters", self.counters), ("state", self.state), ("errs", self.errs)):
             args[0][name] = t.data_ptr()
-        args[0]["watchdog_ns"] = int(knobs.watchdog_s() * 1e9)
+        args[0]["watchdog_ns"] = int(self.options.watchdog_s * 1e9)
         args[0]["n_queues"] = self.grid
         args[0]["prof"] = self.prof.data_ptr() if self.prof is not None else 0
         self._args = args.tobytes()
@@ -220,12 +208,11 @@ class CudaProgram:
             return
         self._poisoned = True
         code, task, value = int(st["fault"]), int(st["fault_task"]), int(st["fault_value"])
-        if code == abi.FAULT_STREAM:
+        if code == abi.FAULT_COPY:
             raise BackendUnavailable(
-                f"megakernel fault: a bulk copy into shared memory (the weight stream, an o tile's "
-                f"preload or a combine's partials) did not land within AMK_WATCHDOG_S (weight-stream "
-                f"chunks consumed: {value}); AMK_GEMV_RING=0 turns the weight stream off and "
-                f"AMK_PRELOAD=0 the preload (the combine's copies have no switch); report the program")
+                "megakernel fault: a bulk copy into shared memory (an o tile's preload or a "
+                "combine's partials) did not land within AMK_WATCHDOG_S; AMK_PRELOAD=0 turns the "
+                "preload off (the combine's copies have no switch); report the program")
         if code == abi.FAULT_DEADLOCK or int(st["abort"]):
             raise DeadlockError(self._deadlock_report())
         name = self._task_name(task)
@@ -293,7 +280,7 @@ class CudaProgram:
                              f"{int(e['counter'])} = {int(e['value'])}, waits for >= "
                              f"{int(e['target'])}")
         stuck = sorted({int(e["task"]) for e in errs if int(e["task"]) >= 0})
-        return (f"megakernel made no progress for {knobs.watchdog_s():g} s (AMK_WATCHDOG_S); "
+        return (f"megakernel made no progress for {self.options.watchdog_s:g} s (AMK_WATCHDOG_S); "
                 f"stuck tasks {stuck}:\n" + "\n".join(lines)
                 + "\nThe schedule waits on counters that never reach their thresholds: check "
                   "the program with amk.validate. The program's state was reset for the next run.")

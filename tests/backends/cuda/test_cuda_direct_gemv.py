@@ -9,19 +9,15 @@ import pytest
 pytest.importorskip("cuda.bindings")
 
 from amk.program.ir import InstructionKind as K
-from amk.backends.cuda import abi, compile_source, examples, render
+from amk.backends.cuda import CudaOptions, abi, compile_source, render
+from amk.backends.cuda.codegen import call_text
+from amk.testing import cuda_examples as examples
 from amk.backends.cuda.lower import lower_program
-
-
-@pytest.fixture(autouse=True)
-def _defaults(monkeypatch):
-    for k in ("AMK_GEMV_PIPE", "AMK_GEMV_RING", "AMK_CTAS_PER_SM"):
-        monkeypatch.delenv(k, raising=False)
 
 
 def _variants(case_name: str) -> list[str]:
     case = next(c for c in examples.cases() if c.name == case_name)
-    return lower_program(case.program).variants
+    return [call_text(v) for v in lower_program(case.program).variants]
 
 
 def test_float_batch1_gemvs_take_the_direct_gemv_and_others_do_not():
@@ -49,23 +45,25 @@ def _gate_up_task(swap: bool):
 @pytest.mark.parametrize("swap", [False, True])
 def test_gate_up_their_silu_and_the_norm_become_one_gemv_of_two_matrices(swap):
     """norm, gate, up, silu_mul: one op_gemv_direct task (no FUSED steps) that normalises x
-    itself (lower._norm_into_gemv) and applies silu to the right matrix's sums."""
+    itself (folds.norm_into_gemv) and applies silu to the right matrix's sums."""
     low, d, ptrs = _gate_up_task(swap)
     assert int(d["op"]) == int(K.GEMV_TILE) and int(d["n_sub"]) == 0
     assert int(d["ip"][abi.ip_index("GEMV", "XS_READY")]) == 0
     assert float(d["fp"][abi.fp_index("GEMV", "EPS")]) > 0
     assert (int(d["n_in"]), int(d["n_out"])) == (4, 1)       # x, W_gate, W_up, norm weight -> y
-    assert low.variants == ["op_gemv_direct<bf16, bf16, bf16, float, 2, 2, false, float, bf16, "
+    assert [call_text(v) for v in low.variants] == ["op_gemv_direct<bf16, bf16, bf16, float, 2, 2, false, float, bf16, "
                             "true, bf16, bf16, false, 1>(AMK_ARGS)"]      # RN: a 64-wide x
     # the matrix silu is applied to comes first, whichever GEMV step computed it
     assert ptrs == (["x", "w_up", "w_gate", "norm_w", "y"] if swap else ["x", "w_gate", "w_up", "norm_w", "y"])
 
 
 def test_a_norm_whose_gemv_adds_a_residual_stays_a_step():
-    """_norm_into_gemv never meets the ADD epilogue (its residual is the last input, where the
+    """norm_into_gemv never meets the ADD epilogue (its residual is the last input, where the
     norm's weight would go): a norm before an o-style GEMV + ADD stays its own FUSED step; the
     same GEMV without the ADD takes the norm in."""
-    from amk.backends.cuda.lower import _norm_into_gemv, Encoded, View, REF_SCRATCH, REF_BUFFER
+    from amk.backends.cuda.encoders import gemv_direct
+    from amk.backends.cuda.folds import norm_into_gemv
+    from amk.backends.cuda.steps import REF_BUFFER, REF_SCRATCH, Encoded, Fused, Variant, View
     from amk.program.ir import DType
 
     def v(ref):
@@ -74,26 +72,24 @@ def test_a_norm_whose_gemv_adds_a_residual_stays_a_step():
                          v((REF_BUFFER, 2)), v((REF_BUFFER, 3)), v((REF_BUFFER, 4)))
 
     def steps(epi):
-        norm = Encoded(int(K.RMSNORM), "op_rmsnorm<bf16, bf16, bf16>(AMK_ARGS)", group="NORM",
-                       ip=dict(ROWS=1, H=64, TO_SMEM=1), fp=dict(EPS=1e-5))
-        tmpl = dict(tx="bf16", tw="bf16", ty="bf16", ts="float", nmat=1, epi=epi, bias=False,
-                    tr="bf16", to="bf16")
-        gemv = Encoded(int(K.GEMV_TILE), "op_gemv_direct<...>", group="GEMV", ip=dict(XS_READY=1),
-                       direct=tmpl)
-        return [(norm, [x, w], [s]), (gemv, [s, wo, r] if epi == 1 else [s, wo], [y])]
+        norm = Encoded(int(K.RMSNORM), Variant.of("op_rmsnorm", tx="bf16", tw="bf16", ty="bf16"),
+                       group="NORM", ip=dict(ROWS=1, H=64, TO_SMEM=1), fp=dict(EPS=1e-5))
+        var = gemv_direct(tx="bf16", tw="bf16", ty="bf16", ts="float", nmat=1, epi=epi,
+                          bias=False, tr="bf16", to="bf16")
+        gemv = Encoded(int(K.GEMV_TILE), var, group="GEMV", ip=dict(XS_READY=1))
+        return Fused([(norm, [x, w], [s]), (gemv, [s, wo, r] if epi == 1 else [s, wo], [y])], [])
 
-    assert len(_norm_into_gemv(steps(1))) == 2
-    (e, args, outs), = _norm_into_gemv(steps(0))
-    assert e.direct["norm"] and e.ip["XS_READY"] == 0 and e.fp["EPS"] == 1e-5
+    assert len(norm_into_gemv(steps(1)).steps) == 2
+    (e, args, outs), = norm_into_gemv(steps(0)).steps
+    assert e.variant.arg("norm") and e.ip["XS_READY"] == 0 and e.fp["EPS"] == 1e-5
     assert [a.ref for a in args] == [x.ref, wo.ref, w.ref] and outs == [y]
-    assert e.call.endswith(", true, bf16, bf16, false, 1>(AMK_ARGS)")   # RN: 64 elements, 1 a thread
+    assert call_text(e.variant).endswith(", true, bf16, bf16, false, 1>(AMK_ARGS)")  # RN: 1 a thread
 
 
 @pytest.mark.parametrize("which", ["examples", "llama_1b_layer"])
-def test_the_direct_gemv_compiles_without_spills(which, tmp_path, monkeypatch):
+def test_the_direct_gemv_compiles_without_spills(which):
     """Also in the 1B step's kernel: a change to another device function (the attention's, NOTES
     v14d) once made every GEMV there spill, through ptxas's register allocation across calls."""
-    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
     prog = examples.combined_program() if which == "examples" else _one_layer_1b()[0]
     src = render(prog)
     assert "op_gemv_direct<" in src
@@ -104,20 +100,18 @@ def test_the_direct_gemv_compiles_without_spills(which, tmp_path, monkeypatch):
         assert "0 bytes spill stores" in line, (name, line)
 
 
-def _one_layer_1b():
+def _one_layer_1b(options=CudaOptions()):
     from dataclasses import replace
     from amk.models.presets import LLAMA_3_2_1B, random_model
     prog = random_model(replace(LLAMA_3_2_1B, max_seq=1088, n_layers=1), device="meta") \
         .lower(backend="cuda").program
-    return prog, lower_program(prog)
+    return prog, lower_program(prog, options=options)
 
 
-def test_the_o_projection_tiles_are_preloaded_by_the_task_before_them(monkeypatch):
-    """lower._preload: each o tile (a task that starts with the split-KV combine) has its whole
+def test_the_o_projection_tiles_are_preloaded_by_the_task_before_them():
+    """preload.py: each o tile (a task that starts with the split-KV combine) has its whole
     64 KiB weight tile copied into shared memory by the task before it in its queue (the
-    attention, or a q/k/v tile): those carry the ranges (n_pre) right after their own prefetch
-    ranges, and the o tile's GEMV step reads PRE = all 16 rows from there."""
-    monkeypatch.delenv("AMK_PRELOAD", raising=False)
+    attention, or a q/k/v tile): those carry the ranges (n_pre from pre_begin), and the o tile's GEMV step reads PRE = all 16 rows from there."""
     prog, low = _one_layer_1b()
     pre_ip, gemv_ip = abi.ip_index("GEMV", "PRE"), abi.ip_index("GEMV", "N_OFF")
     before, preloaded = set(), 0
@@ -130,7 +124,7 @@ def test_the_o_projection_tiles_are_preloaded_by_the_task_before_them(monkeypatc
             steps = low.tasks[oj["sub_begin"]:oj["sub_begin"] + oj["n_sub"]]
             assert [int(s["op"]) for s in steps] == [int(K.ATTENTION_COMBINE), int(K.GEMV_TILE)]
             g = steps[1]
-            lo = int(d["pf_begin"]) + int(d["n_pf"])
+            lo = int(d["pre_begin"])
             ((ref, off, nb),) = low.ranges[lo:lo + int(d["n_pre"])]
             assert (int(g["ip"][pre_ip]), off, nb) == (16, int(g["ip"][gemv_ip]) * 4096, 16 * 4096)
             before.add(prog.tasks[i].name.split(" @")[0][:9])
@@ -141,30 +135,25 @@ def test_the_o_projection_tiles_are_preloaded_by_the_task_before_them(monkeypatc
     assert "#define AMK_PRE 1" in render(prog)
 
 
-@pytest.mark.parametrize("preload", ["default", "0"])
-def test_only_the_gemv_variants_that_preload_compile_the_preload_path(monkeypatch, preload):
+@pytest.mark.parametrize("preload", [65536, 0])
+def test_only_the_gemv_variants_that_preload_compile_the_preload_path(preload):
     """The template's PRE (the path that reads preloaded rows) is on exactly in the
     op_gemv_direct variants some descriptor of which has ip PRE > 0: the 1B step's ADD tiles
     (the o tiles preload; the down tiles share their variant), not q/k/v, gate/up or the LM head."""
-    if preload == "0":
-        monkeypatch.setenv("AMK_PRELOAD", "0")
-    else:
-        monkeypatch.delenv("AMK_PRELOAD", raising=False)
-    _, low = _one_layer_1b()
+    _, low = _one_layer_1b(CudaOptions(preload_bytes=preload))
     pre = low.tasks["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
-    direct = [v for v, call in enumerate(low.variants) if call.startswith("op_gemv_direct<")]
+    direct = [i for i, v in enumerate(low.variants) if v.fn == "op_gemv_direct"]
     assert len(direct) == 4
-    args = {v: low.variants[v].split("<", 1)[1].split(">(")[0].split(", ") for v in direct}
-    with_path = {v for v in direct if args[v][12] == "true"}           # template argument PRE
-    assert with_path == {v for v in direct if pre[low.tasks["variant"] == v].any()}
-    assert len(with_path) == (1 if preload == "default" else 0)
+    args = {i: low.variants[i] for i in direct}
+    with_path = {i for i in direct if args[i].arg("pre")}              # template argument PRE
+    assert with_path == {i for i in direct if pre[low.tasks["variant"] == i].any()}
+    assert len(with_path) == (1 if preload else 0)
     # RN: a NORM variant's threads hold H / 512 = 4 row elements (2048 wide), not RMS_RN = 8
-    assert sorted(a[13] for a in args.values() if a[9] == "true") == ["4", "4", "4"]
+    assert sorted(a.arg("rn") for a in args.values() if a.arg("norm")) == [4, 4, 4]
 
 
-@pytest.mark.parametrize("knob, value", [("AMK_PRELOAD", "0"), ("AMK_GEMV_PIPE", "1")])
-def test_no_preload_when_turned_off_or_the_ring_area_is_taken(monkeypatch, knob, value):
-    monkeypatch.setenv(knob, value)
-    prog, low = _one_layer_1b()
+def test_no_preload_when_turned_off():
+    off = CudaOptions(preload_bytes=0)
+    prog, low = _one_layer_1b(off)
     assert not low.tasks["n_pre"].any()
-    assert "#define AMK_PRE 0" in render(prog)
+    assert "#define AMK_PRE 0" in render(prog, off)

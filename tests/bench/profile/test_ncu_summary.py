@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from amk.backends.cuda import compile_source, examples, render  # noqa: E402
+from amk.backends.cuda import compile_source, render  # noqa: E402
+from amk.testing import cuda_examples as examples  # noqa: E402
 from amk.backends.cuda.compile import DEFAULT_OPTIONS  # noqa: E402
 
 # Triton's package carries nvdisasm. Found without importing triton: an import here, at

@@ -6,7 +6,7 @@
 // cache's: the append runs after the attention (passes/defer_kv_append.py).
 
 // Element e (< hd) of kv head g's new k and v rows at position p, rounded as the cache stores
-// them; K_ROPE: the k row rotated first (op_rope's formula and rounding, lower._k_rope_into_attention).
+// them; K_ROPE: the k row rotated first (op_rope's formula and rounding, folds.k_rope_into_attention).
 template <class TN, class TK, class TV, class TF>
 __device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, long long row, int e,
                                           int hd, float p, float& kx, float& vx) {
@@ -204,15 +204,14 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
 }
 
 // The same attention with the shard's K and V rows staged in shared memory by 16-byte cp.async,
-// issued first: the cache rows below pos never change during a step and pos only shortens the
-// window, so the first chunk (the whole shard when it fits: up to NT rows, the work area and
-// the free ring area, AMK_FREE_RING) is in
-// flight before pos and q are even read, and the task's loads take one round trip, not one per
-// phase (NOTES v9). K and V are separate groups: the scores start when K has landed. Rows are
+// issued as soon as pos gives the shard its piece of the live window (regions.kv_window): the
+// first chunk (the whole shard when it fits: up to NT rows, the work area and the staging
+// area, AMK_STAGE_BYTES) is in flight before q is read, and the task's loads take one round
+// trip, not one per phase (NOTES v9). K and V are separate groups: the scores start when K has landed. Rows are
 // padded by 16 bytes (conflict-free 16-byte row reads). Q_ROPE: q is rotated while it is staged
-// (the FUSED ROPE step before, folded in by lower._rope_into_attention: op_rope's formula and
+// (the FUSED ROPE step before, folded in by folds.rope_into_attention: op_rope's formula and
 // rounding). NEW_KV: the staged row pos (stale) is overwritten with the new row, read into
-// registers with q, once its group has landed. Needs hd * sizeof(TK|TV) % 16 == 0 (lower checks).
+// registers with q, once its group has landed. Needs hd * sizeof(TK|TV) % 16 == 0 (encoders.py checks).
 template <class T>
 __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
                                                 int cn, int hd) {
@@ -236,11 +235,11 @@ __device__ __noinline__ void attn_restage(char* ks, int krs, const TK* kb, char*
 
 // op_attention_smem's shared memory: qs [hg][hd], the new rows [2][hd], scores [hg][cr],
 // probabilities [cr][hgp], then K [cr][krs] at byte ks and V [cr][vrs] at byte vs: cr positions
-// a chunk, as many as fit below AREA (the work area + the ring area when free, below the next
+// a chunk, as many as fit below AREA (the work area + the staging area, below the next
 // task's preload, AMK_PRE_OFF). Rows are padded by 16 bytes (conflict-free 16-byte row reads).
 struct AttnLayout { int cr, krs, vrs, ks, vs; };
 __device__ __forceinline__ AttnLayout attn_layout(int hd, int kes, int ves, int hg) {
-  constexpr int AREA = AMK_PRE && AMK_PRE_OFF < AMK_RING_OFF + AMK_FREE_RING ? AMK_PRE_OFF : AMK_RING_OFF + AMK_FREE_RING;
+  constexpr int AREA = AMK_PRE && AMK_PRE_OFF < AMK_STAGE_OFF + AMK_STAGE_BYTES ? AMK_PRE_OFF : AMK_STAGE_OFF + AMK_STAGE_BYTES;
   const int hgp = (hg + 3) & ~3;
   AttnLayout L;
   L.krs = hd * kes + 16; L.vrs = hd * ves + 16;
@@ -292,7 +291,7 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
   const float2 f = *(const float2*)p; a = f.x; b = f.y;
 }
 
-// HG: the q heads of one pass, a template constant (lower: the largest divisor of the heads a
+// HG: the q heads of one pass, a template constant (encoders.py: the largest divisor of the heads a
 // kv group has, up to 8), so the per-head sums are registers with no predicates (a pass of
 // nhs < HG heads leaves the rest of pt, alpha and acc stale: never written out). Phases:
 // scores one (head, position) a thread; softmax a warp a head, writing probabilities

@@ -151,41 +151,21 @@ __shared__ unsigned long long* amk_mark_row;
 #else
 #define AMK_MARK(k) do { } while (0)
 #endif
-// Bring [p, p+n) into L2 (no registers, no completion to wait for). Safe for any region: L2 is
-// the coherence point, so prefetching memory another CTA will still write cannot go stale.
-__device__ __forceinline__ void prefetch_l2(unsigned long long p, unsigned long long n) {
-  unsigned long long lo = p & ~15ull, hi = (p + n + 15ull) & ~15ull;
-  for (unsigned long long a = lo; a < hi; a += 65536ull) {
-    unsigned long long c = hi - a < 65536ull ? hi - a : 65536ull;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(a), "r"((unsigned)c) : "memory");
-  }
-}
-
 __device__ __forceinline__ void raise_fault(KernelState* st, int code, int task, int value) {
   if (atomicCAS((int*)&st->fault, 0, code) == 0) { st->fault_task = task; st->fault_value = value; }
 }
 
-// ---- the weight stream: per CTA, the float GEMV weight chunks of its whole queue, in queue
-// order, are ONE stream (A.stream[stream_off[b] : stream_off[b+1]], RangeDesc entries built on
-// the host). Chunk j lands in stage j % RING_STAGES by the bulk-copy engine (one
-// cp.async.bulk per chunk, completing on that stage's mbarrier, phase parity (j / STAGES) & 1).
-// One thread (AMK_ISSUER, not thread 0: thread 0 spins and fences on counters) issues; it
-// refills a stage right after the barrier that follows the consumers' reads of it, with the
-// next chunk of the stream whichever later task that chunk belongs to, so the next tasks'
-// weights are in shared memory while their counters are still being waited on. The stream's
-// entries themselves come into a 2 x AMK_WIN-entry smem window by bulk copies requested a whole
-// half ahead: no chunk ever waits for its own descriptor.
-#define AMK_ISSUER 32
-struct StreamState {
-  unsigned n, issued, consumed, dead;            // chunks in this CTA's stream; issued; consumed
-  unsigned win_req, win_done, pad0, pad1;        // window halves requested / waited
-  unsigned long long src, watchdog_ns;           // this CTA's first entry (global), watchdog
+// The bulk copies into shared memory (an o tile's preload, a combine's partials) complete on
+// mbarriers; one that never lands raises FAULT_COPY after the watchdog (mbar_wait_slow).
+// AMK_INIT_THREAD (not thread 0: thread 0 spins and fences on counters) sets this up.
+#define AMK_INIT_THREAD 32
+struct BulkWatch {
+  unsigned dead, pad0;
+  unsigned long long watchdog_ns;
   KernelState* st;
 };
-__shared__ StreamState amk_ss;
-__shared__ __align__(8) unsigned long long amk_full[AMK_RING_STAGES];   // one mbarrier per stage
-__shared__ __align__(8) unsigned long long amk_winbar[2];               // one per window half
-// AMK_PRE: the next task's first GEMV rows (lower._preload), bulk-copied to smem + AMK_PRE_OFF by
+__shared__ BulkWatch amk_bw;
+// AMK_PRE: the next task's first GEMV rows (preload.py), bulk-copied to smem + AMK_PRE_OFF by
 // thread 0 during the task before it, complete phase amk_pre_n - 1 of amk_pre_bar (amk_pre_n:
 // preloads this CTA issued). amk_pre_ranges[slot]: the running task's ranges to copy (the
 // descriptor slot's), amk_pre_pending of them not yet issued (thread 0's bookkeeping).
@@ -225,15 +205,15 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned long long* b, unsigned pa
   return ok != 0;
 }
 // Wait for phase `parity` of b to complete. A copy that never lands (a bug, never a schedule
-// property: copies depend on nothing) raises FAULT_STREAM after the watchdog instead of hanging.
+// property: copies depend on nothing) raises FAULT_COPY after the watchdog instead of hanging.
 __device__ __noinline__ bool mbar_wait_slow(unsigned long long* b, unsigned parity) {
   const unsigned long long t0 = global_timer();
   for (;;) {
     if (mbar_try_wait(b, parity)) return true;
-    if (amk_ss.dead || global_timer() - t0 > amk_ss.watchdog_ns) {
-      amk_ss.dead = 1;
-      raise_fault(amk_ss.st, FAULT_STREAM, -1, (int)amk_ss.consumed);
-      atomicExch(&amk_ss.st->abort, 1u);
+    if (amk_bw.dead || global_timer() - t0 > amk_bw.watchdog_ns) {
+      amk_bw.dead = 1;
+      raise_fault(amk_bw.st, FAULT_COPY, -1, 0);
+      atomicExch(&amk_bw.st->abort, 1u);
       return false;
     }
   }
@@ -272,46 +252,4 @@ __device__ __forceinline__ void preload_next(char* smem) {
     bulk_g2s(smem + AMK_PRE_OFF + off, r[i].addr, (unsigned)r[i].bytes, &amk_pre_bar);
   amk_pre_n++;
   amk_pre_pending = 0;
-}
-__device__ __forceinline__ const RangeDesc* stream_window(const char* smem) {
-  return (const RangeDesc*)(smem + AMK_WIN_OFF);
-}
-__device__ __forceinline__ char* stream_stage(char* smem, unsigned j) {
-  return smem + AMK_RING_OFF + (j % AMK_RING_STAGES) * AMK_CHUNK;
-}
-// AMK_ISSUER: window half `blk & 1` <- stream entries [blk * AMK_WIN, +AMK_WIN).
-__device__ __forceinline__ void stream_win_request(char* smem, unsigned blk) {
-  const unsigned first = blk * AMK_WIN, left = amk_ss.n - first;
-  const unsigned cnt = left < AMK_WIN ? left : AMK_WIN;
-  unsigned long long* b = &amk_winbar[blk & 1];
-  mbar_expect_tx(b, cnt * 16u);
-  bulk_g2s(smem + AMK_WIN_OFF + (blk & 1) * AMK_WIN * 16, amk_ss.src + first * 16ull, cnt * 16u, b);
-  amk_ss.win_req = blk + 1;
-}
-// AMK_ISSUER: fill every free stage with the stream's next chunks.
-__device__ void stream_top_up(char* smem) {
-  unsigned j = amk_ss.issued;
-  const unsigned lim = amk_ss.consumed + AMK_RING_STAGES < amk_ss.n ? amk_ss.consumed + AMK_RING_STAGES : amk_ss.n;
-  for (; j < lim; j++) {
-    if (j % AMK_WIN == 0) {                       // first entry of a window half: it is loaded
-      const unsigned blk = j / AMK_WIN;           // (requested AMK_WIN chunks ago), and the other
-      if (!mbar_wait(&amk_winbar[blk & 1], (blk >> 1) & 1)) break;    // half is free for the next
-      amk_ss.win_done = blk + 1;
-      if ((blk + 1) * AMK_WIN < amk_ss.n) stream_win_request(smem, blk + 1);
-    }
-    const RangeDesc r = stream_window(smem)[j % (2 * AMK_WIN)];
-    unsigned long long* b = &amk_full[j % AMK_RING_STAGES];
-    mbar_expect_tx(b, (unsigned)r.bytes);
-    bulk_g2s(stream_stage(smem, j), r.addr, (unsigned)r.bytes, b);
-  }
-  amk_ss.issued = j;
-}
-// Every thread: chunk j is in its stage (then readable by this thread).
-__device__ __forceinline__ const char* stream_acquire(char* smem, unsigned j) {
-  mbar_wait(&amk_full[j % AMK_RING_STAGES], (j / AMK_RING_STAGES) & 1u);
-  return stream_stage(smem, j);
-}
-// Call after a __syncthreads that follows every read of chunk j: its stage takes the next chunk.
-__device__ __forceinline__ void stream_release(char* smem, unsigned j) {
-  if (threadIdx.x == AMK_ISSUER) { amk_ss.consumed = j + 1; stream_top_up(smem); }
 }

@@ -1,8 +1,7 @@
 // GEMV / GEMM tile: y[:, n_off:n_off+n_tile] = x[M, K] @ W[n_off:n_off+n_tile, :K].T (+ bias),
 // float weights or weight-only int8 / packed int4 with group scales (+ zeros), seed layout.
 // x is staged once in shared memory as fp32 (unless XS_READY: a fused norm wrote it there);
-// each warp streams RPW weight rows with 16-byte loads, U vectors per row in flight per lane
-// (from HBM: the scheduler's L2 prefetch of them is off by default, AMK_L2_PREFETCH, NOTES v10).
+// each warp streams RPW weight rows with 16-byte loads, U vectors per row in flight per lane.
 
 template <int QMODE, class TW> struct GemvVec { static constexpr int N = QMODE == 0 ? VecN<TW>::N : (QMODE == 1 ? 16 : 32); };
 
@@ -28,7 +27,7 @@ __device__ __forceinline__ float gemv_scalar(const TW* W, long long row, long lo
   return (float)(((k & 1) ? byte >> 4 : byte) & 15u) - 8.0f;
 }
 
-// ADD (M == 1, lower._fold_add): the FUSED step after the GEMV added a residual (the task's last
+// ADD (M == 1, folds.fold_add): the FUSED step after the GEMV added a residual (the task's last
 // input) to its tile; the sum, rounded to TY first as that step did, gets it added here and goes
 // out as TO to the task's output: no scratch round trip, no barrier, no extra step.
 // a + w . x for one 16-byte weight vector of float type TW and its VecN<TW>::N x values (fp32,
@@ -187,7 +186,7 @@ __device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, 
   }
 }
 
-// The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: lower._preload), laid out
+// The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: preload.py), laid out
 // as in global memory, matrix after matrix.
 template <int NMAT, int GU>
 __device__ __forceinline__ void direct_load_pre(uint4 (&wv)[2][GU], const char* pre, int pr, int n_tile,
@@ -232,18 +231,17 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 // for NMAT matrices sharing x (gate and up are one task). The tile is a list of items: two rows
 // (NMAT == 2: row r of each matrix; NMAT == 1: rows 2i, 2i+1) x one K segment of 32 lanes x GU
 // 16-byte vectors. Warp w takes items w, w + NWARPS, ...: all warps busy even when the tile has
-// few long rows (down: 16 rows of 8192). Under AMK_L2_PREFETCH=3 the scheduler prefetches the
-// first round's rows into L2 a task ahead (measured slower, NOTES v10). Each item's sums land
+// few long rows (down: 16 rows of 8192). Each item's sums land
 // in part[] (after x) and every row adds its segments in a fixed order: steps are bit-identical.
-// EPI 0: y_m = s (+ bias). 1 (ADD, lower._fold_add): out = round_TY(s) + residual (last input).
-// 2 (SILU, NMAT == 2, lower._pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
+// EPI 0: y_m = s (+ bias). 1 (ADD, folds.fold_add): out = round_TY(s) + residual (last input).
+// 2 (SILU, NMAT == 2, folds.pair_gemvs): out = silu(round_TY(s_0)) * round_TY(s_1), the FUSED
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
-// 3 (ARGMAX, NMAT == 1, lower._argmax_folds): as 0, and the tile's argmax over the values it
+// 3 (ARGMAX, NMAT == 1, argmax_fold.py): as 0, and the tile's argmax over the values it
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
 // ip PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF while the
-// task before ran (lower._preload): items within them read from there once the copy has landed.
+// task before ran (preload.py): items within them read from there once the copy has landed.
 // The template's PRE: that path is compiled (only variants some task of which preloads).
-// NORM (lower._norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
+// NORM (folds.norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
@@ -257,7 +255,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2, items = groups * nseg;
   const TX* x = (const TX*)P[0];
   float* xs = (float*)smem;
-  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (lower checks the fit)
+  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
   const int warp = threadIdx.x >> 5;
   const TR* res = (const TR*)P[d.n_in - 1];
   // ADD: the residual of this thread's output loaded now, with x, not after the sums
@@ -311,65 +309,4 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     }
   }
   AMK_MARK(4);
-}
-
-// The same GEMV for float weights at batch 1, its weight tile taken from the CTA's weight
-// stream (common.cuh): the tile's chunks are the stream's next n_chunks, chunk j holding rows
-// [j*RPC, +RPC) of the tile, whole rows of LDW elements, already in shared memory or on their
-// way since before this task's counter wait. Every warp works on every chunk: warps per row
-// WPR = NWARPS / rows, each a fixed slice of the row; the slices' sums meet in part_s in a fixed
-// order (bit-identical across steps). acc_s (after x in smem) holds the tile's sums.
-template <class TX, class TW, class TY, class TS, bool BIAS>
-__device__ __noinline__ void op_gemv_ring(AMK_PARAMS) {
-  constexpr int VW = VecN<TW>::N;
-  __shared__ float part_s[2][NWARPS];          // by chunk parity: one barrier per chunk suffices
-  const int Kd = d.ip[P_GEMV_K];
-  const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
-  const int rpc = d.ip[P_GEMV_RPC];
-  const int row_bytes = d.ip[P_GEMV_LDW] * (int)sizeof(TW);
-  const TX* x = (const TX*)P[0];
-  const TS* bias = (const TS*)P[d.n_in > 2 ? 2 : 1];
-  TY* y = (TY*)P[d.n_in];
-  float* xs = (float*)smem;
-  float* acc_s = xs + Kd;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int nv = Kd / VW;
-  const unsigned j0 = amk_ss.consumed;         // read before the first barrier below
-  if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
-  for (int i = threadIdx.x; i < n_tile; i += NT) acc_s[i] = 0.f;
-  __syncthreads();
-  const int n_chunks = (n_tile + rpc - 1) / rpc;
-  for (int c = 0; c < n_chunks; c++) {
-    const int r0 = c * rpc;
-    const int nr = n_tile - r0 < rpc ? n_tile - r0 : rpc;
-    const int wpr = nr >= NWARPS ? 1 : NWARPS / nr;        // warps per row
-    float* part = part_s[c & 1];
-    const char* stage = stream_acquire(smem, j0 + c);
-    for (int r = warp / wpr; r < nr && warp < wpr * (nr < NWARPS ? nr : NWARPS); r += NWARPS / wpr) {
-      const int slice = warp % wpr;
-      const char* wrow = stage + (long long)r * row_bytes;
-      float a = 0.f;
-#pragma unroll 4
-      for (int v = slice * 32 + lane; v < nv; v += wpr * 32)
-        a = dot_vec<TW>(a, *(const uint4*)(wrow + v * 16), xs + v * VW);
-      a = warp_sum(a);
-      if (lane == 0) {
-        if (wpr == 1) acc_s[r0 + r] += a;
-        else part[warp] = a;
-      }
-    }
-    __syncthreads();                                  // the stage and part fully read / written
-    stream_release(smem, j0 + c);
-    if (wpr > 1 && threadIdx.x < nr) {
-      float s = 0.f;
-      for (int p = 0; p < wpr; p++) s += part[threadIdx.x * wpr + p];
-      acc_s[r0 + threadIdx.x] += s;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < n_tile; i += NT) {
-    float s = acc_s[i];
-    if (BIAS) s += to_f(bias[n_off + i]);
-    y[n_off + i] = from_f<TY>(s);
-  }
 }

@@ -42,8 +42,8 @@ __device__ __noinline__ void op_allreduce(AMK_PARAMS) {
 
 // One row of H <= RMS_RN * NT elements, x and w in registers (one round trip, not three):
 // out = round_TY((x * rsqrt(mean(x^2) + eps)) * w), to xs (fp32) when xs, else to y. Also the
-// norm op_gemv_direct runs itself (NORM, lower._norm_into_gemv): the same bits either way.
-constexpr int RMS_RN = AMK_RMS_RN;     // lower.RMS_RN: _norm_into_gemv folds rows this fits
+// norm op_gemv_direct runs itself (NORM, folds.norm_into_gemv): the same bits either way.
+constexpr int RMS_RN = AMK_RMS_RN;     // steps.RMS_RN: folds.norm_into_gemv folds rows this fits
 template <class TX, class TW, class TY, int RN = RMS_RN>
 __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float eps, float* xs, TY* y) {
   float xv[RN], wv[RN], ss = 0.f;
@@ -67,7 +67,7 @@ __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float 
   }
 }
 
-// TO_SMEM (one row, lower._norm_into_smem): the normalised row goes, rounded through TY, into
+// TO_SMEM (one row, folds.norm_into_smem): the normalised row goes, rounded through TY, into
 // the next GEMVs' fp32 x staging area at smem[0] instead of y.
 template <class TX, class TW, class TY>
 __device__ __noinline__ void op_rmsnorm(AMK_PARAMS) {
@@ -158,7 +158,7 @@ __device__ __noinline__ void op_embed(AMK_PARAMS) {
 }
 
 // ROPE_HD > 0: the rows are rotated first (the FUSED ROPE step before, folded in by
-// lower._rope_into_append: op_rope's formula and rounding, one position), so the new k goes
+// folds.rope_into_append: op_rope's formula and rounding, one position), so the new k goes
 // from the GEMV's output to the cache in one pass.
 template <class TN, class TC, class TF>
 __device__ __noinline__ void op_kv_append(AMK_PARAMS) {
@@ -215,7 +215,7 @@ __device__ __forceinline__ void argmax_store(const TaskDesc& d, void* const* P, 
 }
 
 // The argmax of one row from the (value, index bits) partials its GEMV tiles wrote (ROWS = 1,
-// V = the number of partials; lower._argmax_folds).
+// V = the number of partials; argmax_fold.py).
 __device__ __noinline__ void op_argmax_parts(AMK_PARAMS) {
   const int n = d.ip[P_ARGMAX_V];
   const float* pv = (const float*)P[0];
@@ -327,14 +327,14 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 }
 
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
-// TO_SMEM (batch 1, every head; lower._norm_into_smem): the result goes, rounded through TO,
+// TO_SMEM (batch 1, every head; folds.norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
-// Staged path (batch 1, the ring area free: AMK_FREE_RING): the task's heads of every partial
+// Staged path (batch 1, in the staging area: AMK_STAGE_BYTES): the task's heads of every partial
 // (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
 // copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
 // consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
-// rows may be landing above it (lower._preload).
-// HDC, NPC: the head dim and the number of partials, template constants (lower._enc_combine): the
+// rows may be landing above it (preload.py).
+// HDC, NPC: the head dim and the number of partials, template constants (encoders.py): the
 // per-output index math and the loops over partials compile to shifts and straight code.
 template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
@@ -346,10 +346,10 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int rb = (hd + 2) * (int)sizeof(TP);                // bytes of one head's [acc | m | l]
   const int v0 = h0 * rb / 16, span = ((h0 + hc) * rb + 15) / 16 - v0;   // its heads' vectors
   bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0
-                && (long long)np * span * 16 <= (AMK_PRE ? AMK_PRE_OFF - AMK_RING_OFF : AMK_FREE_RING);
+                && (long long)np * span * 16 <= (AMK_PRE ? AMK_PRE_OFF - AMK_STAGE_OFF : AMK_STAGE_BYTES);
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
-    char* st = smem + AMK_RING_OFF;
+    char* st = smem + AMK_STAGE_OFF;
     const unsigned ph = amk_comb_uses;
     if (threadIdx.x < 32) {                       // one bulk copy a partial
       fence_proxy_async();                        // the area held the attention's cp.async rows

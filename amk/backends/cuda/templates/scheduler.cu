@@ -1,17 +1,11 @@
-// The persistent scheduler: each persistent CTA (AMK_CTAS_PER_SM of them per SM, NT threads
-// each) walks its static queue. For each task it tops up the CTA's weight stream (GEMV weight
-// chunks of this and later tasks into shared memory, see common.cuh), prefetches weights into
-// L2 when the tables hold prefetch ranges (AMK_PF; AMK_L2_PREFETCH: none by default; weights
-// never depend on activations; the last warp does it, and the barrier after the wait waits
-// for it: keep it to a few loads, NOTES v9) and issues a pipe GEMV's first weight items
-// (gemv_pipe.cuh), all before it waits on the task's counters: thread 0 polls them with
-// acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
+// The persistent scheduler: each persistent CTA (one per SM, NT threads) walks its static
+// queue. For each task thread 0 polls the task's counters with acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
 // CTA and names the task). Then it runs the task's device function and publishes completion
 // with a release add after the CTA barrier. Descriptors are double-buffered in shared memory:
 // the NEXT task's TaskDesc is copied (cp.async) before this task's wait, its pointers and
 // FUSED step descriptors right after this task ends (three slots measured slower, NOTES v10);
 // the queue's task ids are in shared memory. A task whose descriptor has n_pre copies the NEXT
-// task's first weight rows into shared memory (AMK_PRE, lower._preload): thread 0 issues them
+// task's first weight rows into shared memory (AMK_PRE, preload.py): thread 0 issues them
 // from the staged attention once its own loads are out, else when the task ends. Counters are
 // monotonic: wait i needs counter >= threshold + epoch * stride, epoch = steps completed,
 // advanced by the last CTA out. Counter i lives at word i * AMK_CSTRIDE.
@@ -22,8 +16,7 @@
 #define DESC_WORDS ((int)(sizeof(TaskDesc) / 4))
 #define QUEUE_CAP 512        // queue entries a CTA keeps in shared memory (the rest: global)
 
-// Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0, the issuer or the
-// prefetching last warp). Every thread commits a group, empty or not.
+// Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0 or the init thread). Every thread commits a group, empty or not.
 __device__ __forceinline__ void slot_stage1(const TaskDesc* src, TaskDesc* dst) {
   const int i = threadIdx.x - 64;
   if (i >= 0 && i < DESC_WORDS) cp_async4((int*)dst + i, (const int*)src + i);
@@ -41,7 +34,7 @@ __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* t
   const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x;
   if (i < np) cp_async8(sp + i, ptrs + t.ptr_begin + i);
   if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8))
-    cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pf_begin + t.n_pf) + i);
+    cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pre_begin) + i);
   if (fits && t.op == OP_FUSED) {
     const int* src = (const int*)(tasks + t.sub_begin), nw = t.n_sub * DESC_WORDS;
     if (i < nw) cp_async4((int*)subs + i, src + i);
@@ -73,11 +66,6 @@ __device__ __noinline__ void run_unstaged(const TaskDesc* sub, const unsigned lo
   load_desc(sub, ptrs, s_sub, s_sub_ptrs);
   __syncthreads();
   run_variant(*s_sub, s_sub_ptrs, smem, st);
-}
-
-__device__ __forceinline__ void prefetch_task(const TaskDesc* t, const KernelArgs& A, int lane) {
-  const RangeDesc* r = (const RangeDesc*)A.ranges + t->pf_begin;
-  for (int i = lane; i < t->n_pf; i += 32) prefetch_l2(r[i].addr, r[i].bytes);
 }
 
 // Thread 0 only. Returns false when the kernel is aborting. The first AMK_INLINE_WAITS waits
@@ -116,7 +104,7 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
   return true;                     // the acquire loads made the producers' writes visible
 }
 
-extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel(const __grid_constant__ KernelArgs A) {
+extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_constant__ KernelArgs A) {
   // 1024-byte aligned: it follows the static variables, and with 272 more bytes of them (128-byte
   // aligned before by chance, then 16) the split-KV combine took 2 us longer a layer (NOTES v13a)
   extern __shared__ __align__(1024) char smem[];
@@ -133,20 +121,11 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   KernelState* st = (KernelState*)A.state;
   const unsigned epoch = ld_volatile(&st->epoch);
   const int qb = qo[blockIdx.x], qe = qo[blockIdx.x + 1];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) amk_pipe_pre = 0;
-  if (threadIdx.x == AMK_ISSUER) {
-    const unsigned* so = (const unsigned*)A.stream_off;
-    const unsigned sb = so[blockIdx.x];
-    amk_ss.n = so[blockIdx.x + 1] - sb; amk_ss.issued = 0; amk_ss.consumed = 0; amk_ss.dead = 0;
-    amk_ss.win_req = 0; amk_ss.win_done = 0;
-    amk_ss.src = A.stream + sb * 16ull; amk_ss.watchdog_ns = A.watchdog_ns; amk_ss.st = st;
-    for (int s = 0; s < AMK_RING_STAGES; s++) mbar_init(&amk_full[s], 1);
-    mbar_init(&amk_winbar[0], 1); mbar_init(&amk_winbar[1], 1);
+  if (threadIdx.x == AMK_INIT_THREAD) {
+    amk_bw.dead = 0; amk_bw.watchdog_ns = A.watchdog_ns; amk_bw.st = st;
     mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
     mbar_init(&amk_comb_bar, 1); amk_comb_uses = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-    if (AMK_STREAM && amk_ss.n > 0) stream_win_request(smem, 0);
   }
   if (qb < qe) slot_stage1(tasks + qt[qb], &s_task[0]);
   for (int j = threadIdx.x; j < qe - qb && j < QUEUE_CAP; j += NT) s_queue[j] = qt[qb + j];
@@ -154,9 +133,6 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   __syncthreads();
   const RangeDesc* ranges = (const RangeDesc*)A.ranges;
   if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0], ranges, amk_pre_ranges[0]);
-  // L2 prefetch from the last warp: thread 0 (warp 0) fences after its counter waits, and a
-  // fence would wait for these bulk prefetches too.
-  if (AMK_PF && warp == NWARPS - 1 && qb < qe) prefetch_task(tasks + qt[qb], A, lane);
   bool aborted = false;
 #ifdef AMK_PROFILE
   unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm,
@@ -169,23 +145,13 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[AMK_PROF_W * i] = global_timer();
 #endif
-    if (AMK_STREAM && threadIdx.x == AMK_ISSUER) stream_top_up(smem);   // free stages <- next chunks, pre-wait
-    if (AMK_PF && warp == NWARPS - 1) {   // the NEXT task's ranges, or (AMK_L2_PREFETCH=2) this one's
-      if (!AMK_PF_OWN && next >= 0) prefetch_task(tasks + next, A, lane);
-      else if (AMK_PF_OWN && i > qb) prefetch_task(tasks + qt[i], A, lane);
-    }
     // This task's stage 2 (issued when the previous one ended) lands while thread 0 polls: the
-    // poll needs only the descriptor (stage 1, waited for when the previous task ended). The
-    // pipe GEMV's pre-wait loads read stage 2's pointers: with the pipe on, wait for it here.
-    // (The barrier stays either way: without it ptxas spills more of the loop.)
-    if (AMK_PIPE_ON) cp_async_wait<0>();
+    // poll needs only the descriptor (stage 1, waited for when the previous task ended).
+    // (The barrier stays: without it ptxas spills more of the loop.)
     __syncthreads();
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
     if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during the poll
     else cp_async_commit();
-    // Weights before the wait: the first items of the task's pipe GEMV (gemv_pipe.cuh), issued
-    // after stage 1's group so the GEMV's group count sees only its own groups after them.
-    pipe_preload_task(T, s_subs[slot], fits, s_ptrs[slot], smem);
     if (threadIdx.x == 0) {
       s_ok = wait_task(&T, A, epoch) ? 1 : 0;
       if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
@@ -194,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
       amk_mark_row = T.op == OP_FUSED ? nullptr : prof + AMK_PROF_W * i;
 #endif
     }
-    if (!AMK_PIPE_ON) cp_async_wait<0>();   // stage 2, and the next task's stage 1: no group left for the task
+    cp_async_wait<0>();   // stage 2, and the next task's stage 1: no group left for the task
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
     if (T.op == OP_FUSED) {
@@ -221,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
       run_variant(T, s_ptrs[slot], smem, st);
     }
     const int out_counter = T.out_counter;   // the slot is refilled once everyone passes below
-    cp_async_wait<0>();            // the task's own copies (and, with the pipe, the next descriptor)
+    cp_async_wait<0>();            // the task's own copies
     __syncthreads();
     if (threadIdx.x == 0 && out_counter >= 0)   // after the barrier: the CTA's writes, released
       red_release_add((unsigned*)A.counters + (long long)out_counter * AMK_CSTRIDE, 1u);
@@ -236,11 +202,6 @@ extern "C" __global__ void __launch_bounds__(NT, AMK_CTAS_PER_SM) amk_megakernel
   }
   cp_async_wait<0>();              // nothing may land in shared memory after the CTA exits
   if (AMK_PRE && threadIdx.x == 0 && amk_pre_n > 0) mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
-  if (AMK_STREAM && threadIdx.x == AMK_ISSUER) {   // an aborted queue leaves copies in flight: let them land
-    for (unsigned j = amk_ss.consumed; j < amk_ss.issued; j++)
-      mbar_wait(&amk_full[j % AMK_RING_STAGES], (j / AMK_RING_STAGES) & 1u);
-    for (unsigned b = amk_ss.win_done; b < amk_ss.win_req; b++) mbar_wait(&amk_winbar[b & 1], (b >> 1) & 1u);
-  }
   if (threadIdx.x == 0 && !aborted) {
     __threadfence();
     const unsigned old = atomicAdd(&st->done, 1u);

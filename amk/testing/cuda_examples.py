@@ -1,6 +1,7 @@
 """Hand-built programs covering every opcode and dtype variant the CUDA templates handle.
 
-Used by the CPU compile test (render + NVRTC for sm_90a) and by the GPU tests (each case run
+Used by the CPU compile tests (tests/backends/cuda: render + NVRTC for sm_90a) and by the GPU
+tests (each case run
 alone against the reference semantics). Each case is one task over fresh buffers; ``bindings``
 draws fresh random inputs for every call.
 """
@@ -122,8 +123,7 @@ def cases() -> list[Case]:
                      [("x", BK.IO_INPUT, bf, (1, 256)), ("W", BK.WEIGHT, bf, (96, 256)), ("bias", BK.WEIGHT, bf, (96,))],
                      [("y", BK.IO_OUTPUT, bf, (1, 96))], {"n_off": 16, "N_tile": 48, "K": 256},
                      {"x": _rand((1, 256), tb), "W": _rand((96, 256), tb, 0.1), "bias": _rand((96,), tb)}))
-    # weight-stream shapes (AMK_GEMV_RING=1): 4 KiB rows, 8 a chunk, 2 warps a row, a short last
-    # chunk; 16 KiB rows (a down projection), 2 a chunk then 1 (all 16 warps on one row)
+    # long rows: 4 KiB rows (20 of them, bias); 16 KiB rows (a down projection's, 5 of them)
     C.append(_single("gemv_bf16_stream_k2048", K.GEMV_TILE,
                      [("x", BK.IO_INPUT, f16, (1, 2048)), ("W", BK.WEIGHT, bf, (40, 2048)), ("bias", BK.WEIGHT, f32, (40,))],
                      [("y", BK.IO_OUTPUT, bf, (1, 40))], {"n_off": 8, "N_tile": 20, "K": 2048},
@@ -301,7 +301,7 @@ def rope_new_kv_attention_case() -> Case:
 def combine_o_add_case() -> Case:
     """split-KV combine -> o-projection tile -> residual add, one FUSED task (the cuda pass
     options build these): the combine leaves x in shared memory, the GEMV adds the
-    residual itself (lower._fold_add)."""
+    residual itself (folds.fold_add)."""
     P, nh, hd, N = 3, 4, 32, 64
     H = nh * hd
     b = Builder("fused_combine_o_add")

@@ -1,0 +1,82 @@
+"""The argmax fold: an argmax of one row whose every column one GEMV tile writes (the LM head)
+becomes a (value, index) partial in each tile's epilogue and a reduction of the partials, so
+no single SM reads the whole row of logits again."""
+from __future__ import annotations
+
+from amk.program.ir import DType, InstructionKind as K, Program, Task
+from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Encoded, Variant, View,
+                                     int_input)
+
+
+def _argmax_folds(program: Program) -> tuple[dict[int, tuple[int, list[int]]], int]:
+    """Argmaxes of one row whose every column is written by one GEMV tile (plain, or the final
+    step of a FUSED task: the LM head): ({argmax task: (scratch offset of its partials, the tile
+    tasks by column)}, scratch bytes of all partials). Each tile reduces the logits it writes
+    to a (value, index) partial in its epilogue (op_gemv_direct EPI 3) and the argmax task
+    reduces the partials (op_argmax_parts): no single SM reads the whole row again (22 us for
+    128K bf16 logits, NOTES v10). Same order (am_better) at both levels: op_argmax's token."""
+    writers: dict[int, list[Task]] = {}
+    for t in program.tasks:
+        for b in t.outputs:
+            writers.setdefault(b, []).append(t)
+    folds, off = {}, 0
+    for t in program.tasks:
+        if t.op != K.SAMPLE_ARGMAX or not t.inputs:
+            continue
+        logits = program.buffers[t.inputs[0]]
+        V = logits.shape[-1] if logits.shape else 1
+        tiles = sorted((_gemv_cols(w), w.id) for w in writers.get(logits.id, []))
+        if logits.numel != V or not tiles or None in (c for c, _ in tiles):
+            continue
+        ends = [0] + [lo + n for (lo, n), _ in tiles]
+        if [lo for (lo, _), _ in tiles] != ends[:-1] or ends[-1] != V:
+            continue
+        folds[t.id] = (off, [tid for _, tid in tiles])
+        off += -(-8 * len(tiles) // SCRATCH_ALIGN) * SCRATCH_ALIGN
+    return folds, off
+
+
+def _gemv_cols(t: Task) -> tuple[int, int] | None:
+    """(n_off, N_tile) of a task that is one GEMV tile or ends in one writing its output."""
+    p = t.params
+    if t.op == K.FUSED:
+        steps = p.get("recipe", {}).get("steps", [])
+        if not steps or int(steps[-1]["op"]) != int(K.GEMV_TILE) or steps[-1]["out"] not in ("final", -1):
+            return None
+        p = steps[-1].get("params", {}) or {}
+    elif t.op != K.GEMV_TILE:
+        return None
+    return (int(p["n_off"]), int(p["N_tile"])) if "n_off" in p and "N_tile" in p else None
+
+
+class ArgmaxFolds:
+    """The argmax fold, task by task (lower.fold_program): tiles patched so far, and the
+    steps each task runs."""
+
+    def __init__(self, program: Program):
+        self.folds, self.scratch_bytes = _argmax_folds(program)
+        self.slots = {tid: (slot, off, len(tiles), program.tasks[am].inputs[0])
+                      for am, (off, tiles) in self.folds.items() for slot, tid in enumerate(tiles)}
+        self.patched: set[int] = set()
+
+    def steps(self, t: Task, steps, outs: list[View]):
+        """A logits tile: its GEMV step with EPI 3 (when it is a plain batch-1 direct GEMV). The
+        argmax, once every tile writes a partial: op_argmax_parts over them (else op_argmax)."""
+        if t.id in self.slots:
+            slot, off, n, logits = self.slots[t.id]
+            parts = View((2 * n,), DType.F32, (REF_SCRATCH, off), None)
+            for i, (e, a, o) in enumerate(steps):
+                if (e.is_fn("op_gemv_direct") and e.variant.arg("nmat") == 1
+                        and e.variant.arg("epi") == 0 and len(o) == 1
+                        and o[0].ref == (REF_BUFFER, logits)):
+                    pe = Encoded(e.op, e.variant.with_(epi=3), dict(e.ip, ARG_SLOT=slot),
+                                 dict(e.fp), e.group)
+                    self.patched.add(t.id)
+                    return steps[:i] + [(pe, a, o + [parts])] + steps[i + 1:]
+        if t.id in self.folds and all(w in self.patched for w in self.folds[t.id][1]):
+            off, tiles = self.folds[t.id]
+            parts = View((2 * len(tiles),), DType.F32, (REF_SCRATCH, off), None)
+            e = Encoded(int(t.op), Variant.of("op_argmax_parts"), group="ARGMAX")
+            e.ip = dict(ROWS=1, V=len(tiles), OUT64=int_input(t, outs[0], "argmax output"))
+            return [(e, [parts], outs)]
+        return steps

@@ -1,0 +1,366 @@
+"""One encoder per opcode: (task for errors, opcode, input views, output views, params) ->
+Encoded (the device-function variant, its integer and float descriptor parameters). Shapes the
+templates cannot run are clear errors here."""
+from __future__ import annotations
+
+import math
+
+from amk.program.ir import BufferKind, DType, InstructionKind as K
+from amk.program.regions import NEW_KV
+from amk.backends.cuda import abi
+from amk.backends.cuda.smem import XS_MAX
+from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
+                                     int_input)
+
+HD_MAX = 256            # largest attention head_dim the templates handle
+
+
+def gemv_direct(*, tx, tw, ty, ts, nmat, epi, bias, tr, to, norm=False, nx="float", nw="float",
+                pre=False, rn=RMS_RN) -> Variant:
+    """op_gemv_direct with every template argument, in its order: NORM's row types and its row
+    elements a thread (RN: folds.norm_into_gemv), PRE (some task of the variant reads preloaded
+    rows: tables.pack)."""
+    return Variant.of("op_gemv_direct", tx=tx, tw=tw, ty=ty, ts=ts, nmat=nmat, epi=epi, bias=bias,
+                      tr=tr, to=to, norm=norm, nx=nx, nw=nw, pre=pre, rn=rn)
+
+
+def _col_range(task, params, out: View) -> tuple[int, int]:
+    lo = int(params.get("n_off", 0))
+    nt = params.get("N_tile")
+    hi = out.cols if nt is None else lo + int(nt)
+    if not 0 <= lo <= hi <= out.cols:
+        fail(task, f"column tile [{lo}, {hi}) is outside the output's {out.cols} columns")
+    return lo, hi
+
+
+def _bcast(task, x: View, out: View) -> tuple[int, int]:
+    """(row stride, col stride) of an elementwise operand read as the output (see tile_view)."""
+    C = out.cols
+    R = out.numel // max(C, 1)
+    if x.numel == out.numel:
+        return C, 1
+    if x.numel == C and x.cols == C:
+        return 0, 1
+    if x.numel == 1:
+        return 0, 0
+    if x.cols == 1 and x.numel == R:
+        return 1, 0
+    fail(task, f"operand of shape {x.shape} does not broadcast to the output {out.shape}")
+    return 0, 0
+
+
+_EW = {K.COPY: "COPY", K.ADD: "ADD", K.MUL: "MUL", K.SILU_MUL: "SILU_MUL", K.GELU: "GELU"}
+
+
+def _enc_elementwise(t, op, ins, outs, p) -> Encoded:
+    out = outs[0]
+    kind = _EW[op]
+    n_args = {"COPY": 1, "GELU": 1, "ADD": 2, "SILU_MUL": 2, "MUL": 2}[kind]
+    if op == K.MUL and len(ins) == 1:
+        kind, n_args = "MULS", 1
+    if len(ins) < n_args:
+        fail(t, f"{op.name} needs {n_args} inputs, got {len(ins)}")
+    a = ins[0]
+    b = ins[1] if n_args == 2 else ins[0]
+    c0, c1 = _col_range(t, p, out)
+    ars, acs = _bcast(t, a, out)
+    brs, bcs = _bcast(t, b, out)
+    ta = ctype(t, a.dtype)
+    tb = ctype(t, b.dtype)
+    ty = ctype(t, out.dtype)
+    e = Encoded(int(op), Variant.of("op_ew", kind=f"EW_{kind}", ty=ty, ta=ta, tb=tb), group="EW")
+    e.ip = dict(ROWS=out.numel // out.cols, COLS=out.cols, C0=c0, C1=c1, A_RS=ars, A_CS=acs,
+                B_RS=brs, B_CS=bcs, KIND=abi.EW_KINDS.index(kind))
+    e.fp = dict(SCALE=float(p.get("scale", 1.0)))
+    return e
+
+
+def _enc_allreduce(t, op, ins, outs, p) -> Encoded:
+    out = outs[0]
+    for x in ins:
+        if x.numel != out.numel or x.dtype != ins[0].dtype:
+            fail(t, "ALLREDUCE_SHARD inputs must all have the output's numel and one dtype")
+    e = Encoded(int(op), Variant.of("op_allreduce", ty=ctype(t, out.dtype), tx=ctype(t, ins[0].dtype)),
+                group="RED")
+    e.ip = dict(N=out.numel)
+    return e
+
+
+def _enc_gemv(t, op, ins, outs, p) -> Encoded:
+    x, w, out = ins[0], ins[1], outs[0]
+    Kd = int(p.get("K", x.cols))
+    if Kd <= 0 or x.numel % Kd:
+        fail(t, f"x of {x.numel} elements is not rows of K={Kd}")
+    M = x.numel // Kd
+    N = out.cols
+    if out.numel != M * N:
+        fail(t, f"output {out.shape} is not [{M}, N] for x {x.shape} and K={Kd}")
+    qd = int(p.get("qdtype", 0))
+    quant = qd in (int(DType.I4), int(DType.I8)) and len(ins) >= 3
+    rows = w.shape[0] if w.shape else 1
+    ldw = w.numel // max(rows, 1)
+    if quant:
+        scales = ins[2]
+        zeros = ins[3] if len(ins) > 3 else None
+        n_full = scales.shape[0]
+        group = int(p.get("group", Kd))
+        ngroups = scales.numel // n_full
+        qmode = 2 if qd == int(DType.I4) else 1
+        if qmode == 2 and w.dtype not in (DType.U8, DType.I8):
+            fail(t, f"int4 weights are packed in a U8 buffer, got {w.dtype.name}")
+        if qmode == 1 and w.dtype != DType.I8:
+            fail(t, f"int8 weights must be an I8 buffer, got {w.dtype.name}")
+        vw = 32 if qmode == 2 else 16
+        vec = Kd % vw == 0 and ldw % 16 == 0
+        ts = ftype(t, scales.dtype)
+        tz = ftype(t, zeros.dtype) if zeros is not None else ts
+        tw = ctype(t, w.dtype)
+    else:
+        zeros = None
+        n_full = rows
+        group, ngroups, qmode = Kd, 1, 0
+        tw = ftype(t, w.dtype)
+        vw = 16 // w.esize
+        vec = Kd % vw == 0 and ldw % vw == 0
+        bias = ins[2] if len(ins) > 2 else None
+        ts = ftype(t, bias.dtype) if bias is not None else "float"
+        tz = ts
+    n_off = int(p.get("n_off", 0))
+    n_tile = int(p.get("N_tile", n_full))
+    if not (0 <= n_off and n_off + n_tile <= min(n_full, N)):
+        fail(t, f"tile [{n_off}, {n_off + n_tile}) exceeds the weight's {n_full} rows / "
+                 f"output's {N} columns")
+    if Kd > XS_MAX:
+        fail(t, f"K={Kd} exceeds the {XS_MAX} elements a GEMV stages in shared memory")
+    mb = max(1, min(M, 4, XS_MAX // Kd))
+    # the non-coherent read-only path only for buffers nothing writes during the kernel
+    w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
+    has_bias = not quant and len(ins) > 2
+    row_bytes = ldw * w.esize
+    direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
+              and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
+    if direct:
+        var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
+                          bias=has_bias, tr="float", to=ftype(t, out.dtype))
+    else:
+        var = Variant.of("op_gemv", tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, tz=tz,
+                         qmode=qmode, bias=has_bias, zeros=zeros is not None, vec=vec, mb=mb, wro=w_ro)
+    e = Encoded(int(op), var, group="GEMV")
+    e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
+                NGROUPS=ngroups)
+    return e
+
+
+def _direct_fits(Kd: int, n_tile: int, nv: int) -> bool:
+    """x (fp32) and op_gemv_direct's sums (one per row and K segment of 256 vectors) fit in the
+    work area, also once the tile is paired with another (pair_gemvs)."""
+    return -(-Kd // 4) * 4 + 2 * n_tile * -(-nv // 256) <= XS_MAX
+
+
+def _enc_norm(t, op, ins, outs, p) -> Encoded:
+    x, w, out = ins[0], ins[1], outs[0]
+    H = int(p.get("hidden", w.numel)) if op == K.LAYERNORM else w.numel
+    if x.numel % H or out.numel != x.numel:
+        fail(t, f"x {x.shape} / out {out.shape} are not rows of H={H}")
+    if op == K.RMSNORM:
+        var = Variant.of("op_rmsnorm", tx=ftype(t, x.dtype), tw=ftype(t, w.dtype), ty=ftype(t, out.dtype))
+        eps = float(p.get("eps", 1e-6))
+    else:
+        hb = len(ins) > 2
+        tb = ftype(t, ins[2].dtype) if hb else "float"
+        var = Variant.of("op_layernorm", tx=ftype(t, x.dtype), tw=ftype(t, w.dtype), tb=tb,
+                         ty=ftype(t, out.dtype), has_b=hb)
+        eps = float(p.get("eps", 1e-5))
+    e = Encoded(int(op), var, group="NORM")
+    e.ip = dict(ROWS=x.numel // H, H=H)
+    e.fp = dict(EPS=eps)
+    return e
+
+
+def _enc_rope(t, op, ins, outs, p) -> Encoded:
+    x, pos, out = ins[0], ins[1], outs[0]
+    hd = int(p["head_dim"])
+    if hd % 2 or out.numel % hd or x.numel != out.numel:
+        fail(t, f"rope: x {x.shape} / out {out.shape} are not rows of head_dim={hd}")
+    c0, c1 = _col_range(t, p, out)
+    if (c0, c1) != (0, out.cols) and (c0 % hd or (c1 - c0) % hd):
+        fail(t, f"rope column tile [{c0}, {c1}) must cover whole heads of {hd}")
+    heads = out.numel // hd
+    if heads % pos.numel:
+        fail(t, f"rope: {pos.numel} positions do not divide {heads} heads")
+    has_inv = len(ins) > 2
+    tf = ftype(t, ins[2].dtype) if has_inv else "float"
+    e = Encoded(int(op), Variant.of("op_rope", tx=ftype(t, x.dtype), ty=ftype(t, out.dtype), tf=tf),
+                group="ROPE")
+    e.ip = dict(ROWS=out.numel // out.cols, COLS=out.cols, C0=c0, C1=c1, HD=hd, NPOS=pos.numel,
+                POS64=int_input(t, pos, "rope pos"), HAS_INV=int(has_inv))
+    e.fp = dict(THETA=float(p.get("theta", 10000.0)))
+    return e
+
+
+def _enc_attention(t, op, ins, outs, p) -> Encoded:
+    q, kc, vc, out = ins[0], ins[1], ins[2], outs[0]
+    hd = int(p["head_dim"])
+    nh = int(p.get("n_heads", q.shape[-2] if len(q.shape) >= 2 and q.cols == hd
+                   else q.cols // hd))
+    nkv = int(p.get("n_kv_heads", nh))
+    if nkv <= 0 or nh % nkv:
+        fail(t, f"n_heads={nh} is not a multiple of n_kv_heads={nkv}")
+    rep = nh // nkv
+    if len(kc.shape) == 4:
+        B, max_seq = kc.shape[0], kc.shape[1]
+    elif len(kc.shape) == 3 and tuple(kc.shape[-2:]) == (nkv, hd):
+        B, max_seq = 1, kc.shape[0]
+    else:
+        B, max_seq = 1, kc.numel // (nkv * hd)
+    if B * max_seq * nkv * hd != kc.numel or vc.numel != kc.numel:
+        fail(t, f"caches {kc.shape}/{vc.shape} are not [B?, max_seq, {nkv}, {hd}]")
+    if q.numel != B * nh * hd:
+        fail(t, f"q {q.shape} is not [{B}, {nh}*{hd}]")
+    if hd > HD_MAX or hd % 2:
+        fail(t, f"head_dim={hd} must be even and at most {HD_MAX}")
+    h_off = int(p.get("h_off", 0))
+    hc = int(p.get("h_count", nh - h_off))
+    if not (h_off >= 0 and hc >= 0 and h_off + hc <= nh and h_off % rep == 0 and hc % rep == 0):
+        fail(t, f"head range h_off={h_off}, h_count={hc} must cover whole kv groups of {rep}")
+    flags = int(p.get("flags", 0))
+    width = hd + 2 if flags & 2 else hd
+    if out.numel != B * nh * width:
+        fail(t, f"output {out.shape} is not [{B}, {nh}, {width}]")
+    lo = int(p.get("kv_start", 0))
+    kv_len = int(p.get("kv_len", max_seq - lo))
+    has_pos = len(ins) > 3
+    new_kv = bool(flags & NEW_KV)
+    tn = ftype(t, q.dtype)
+    if new_kv:
+        if len(ins) != 6 or not has_pos:
+            fail(t, "NEW_KV attention takes q, k_cache, v_cache, pos, k_new, v_new")
+        if ins[4].dtype != ins[5].dtype or any(x.numel != B * nkv * hd for x in ins[4:6]):
+            fail(t, f"k_new {ins[4].shape} / v_new {ins[5].shape} must be one dtype and "
+                     f"[{B}, {nkv}*{hd}]")
+        tn = ftype(t, ins[4].dtype)
+    # K/V rows staged in smem by 16-byte cp.async where rows are whole 16-byte vectors
+    staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0
+    types = dict(tq=ftype(t, q.dtype), tk=ftype(t, kc.dtype), tv=ftype(t, vc.dtype),
+                 to=ftype(t, out.dtype), tn=tn, tf="float")
+    hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
+    var = (Variant.of("op_attention_smem", **types, hg=hg, hdc=hd) if staged
+           else Variant.of("op_attention", **types))
+    e = Encoded(int(op), var, group="ATTN")
+    e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
+                H_COUNT=hc, B=B, MAX_SEQ=max_seq,
+                POS64=int_input(t, ins[3], "attention pos") if has_pos else 0,
+                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv),
+                KV_SHARD=int(p.get("kv_shard", 0)), KV_SHARDS=int(p.get("kv_shards", 1)))
+    e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)))
+    return e
+
+
+def _enc_combine(t, op, ins, outs, p) -> Encoded:
+    out = outs[0]
+    hd = int(p["head_dim"])
+    nh = int(p.get("n_heads", out.numel // hd if len(out.shape) <= 1 else out.cols // hd))
+    B = out.numel // (nh * hd)
+    h_off = int(p.get("h_off", 0))
+    hc = int(p.get("h_count", nh - h_off))
+    if not ins or any(x.numel != B * nh * (hd + 2) or x.dtype != ins[0].dtype for x in ins):
+        fail(t, f"combine inputs must be [{B}, {nh}, {hd}+2] partials of one dtype")
+    if not (0 <= h_off and h_off + hc <= nh):
+        fail(t, f"head range h_off={h_off}, h_count={hc} outside {nh} heads")
+    e = Encoded(int(op), Variant.of("op_combine", tp=ftype(t, ins[0].dtype), to=ftype(t, out.dtype),
+                                      hdc=hd, npc=len(ins)), group="COMB")
+    e.ip = dict(HD=hd, NH=nh, H_OFF=h_off, H_COUNT=hc, B=B, P=len(ins))
+    return e
+
+
+def _enc_embed(t, op, ins, outs, p) -> Encoded:
+    ids, table, out = ins[0], ins[1], outs[0]
+    H = table.cols
+    if out.numel != ids.numel * H:
+        fail(t, f"output {out.shape} is not [{ids.numel}, {H}]")
+    e = Encoded(int(op), Variant.of("op_embed", tt=ctype(t, table.dtype), to=ctype(t, out.dtype)),
+                group="EMBED")
+    e.ip = dict(B=ids.numel, H=H, V=table.numel // H, IDS64=int_input(t, ids, "token ids"))
+    return e
+
+
+def _enc_kv_append(t, op, ins, outs, p) -> Encoded:
+    new, cache = ins[0], outs[0]
+    if len(cache.shape) == 4:
+        B, max_seq = cache.shape[0], cache.shape[1]
+        rowlen = math.prod(cache.shape[2:])
+    else:
+        B, max_seq = 1, cache.shape[0]
+        rowlen = cache.numel // max_seq
+    if new.numel % (B * rowlen):
+        fail(t, f"new rows {new.shape} are not rows of {rowlen} for a cache {cache.shape}")
+    has_pos = "pos" not in p
+    if has_pos and len(ins) < 2:
+        fail(t, "KV_APPEND needs a pos input (or the seed's params['pos'])")
+    e = Encoded(int(op), Variant.of("op_kv_append", tn=ctype(t, new.dtype), tc=ctype(t, cache.dtype),
+                                      tf="float"), group="KV")
+    e.ip = dict(ROWLEN=rowlen, NROWS=new.numel // (B * rowlen), MAX_SEQ=max_seq, B=B,
+                POS64=int_input(t, ins[1], "pos") if has_pos else 0, HAS_POS=int(has_pos),
+                POS_PARAM=int(p.get("pos", 0)))
+    return e
+
+
+def _enc_argmax(t, op, ins, outs, p) -> Encoded:
+    x, out = ins[0], outs[0]
+    V = x.cols
+    e = Encoded(int(op), Variant.of("op_argmax", tx=ftype(t, x.dtype)), group="ARGMAX")
+    e.ip = dict(ROWS=x.numel // V, V=V, OUT64=int_input(t, out, "argmax output"))
+    if out.numel != x.numel // V:
+        fail(t, f"output {out.shape} has not one id per row of {x.shape}")
+    return e
+
+
+def _enc_softmax(t, op, ins, outs, p) -> Encoded:
+    x, out = ins[0], outs[0]
+    if int(p.get("dim", -1)) not in (-1, len(out.shape) - 1):
+        fail(t, "SOFTMAX over an axis other than the last is not supported")
+    e = Encoded(int(op), Variant.of("op_softmax", tx=ftype(t, x.dtype), ty=ftype(t, out.dtype)),
+                group="SOFTMAX")
+    e.ip = dict(ROWS=out.numel // out.cols, H=out.cols)
+    return e
+
+
+def _enc_dequant(t, op, ins, outs, p) -> Encoded:
+    qw, scales, out = ins[0], ins[1], outs[0]
+    Kd = int(p.get("K", out.cols))
+    qd = int(p.get("qdtype", int(DType.I8)))
+    packed = qd == int(DType.I4) and qw.dtype == DType.U8 and qw.cols * 2 >= Kd > qw.cols
+    N = qw.numel // qw.cols
+    if out.numel != N * Kd:
+        fail(t, f"output {out.shape} is not [{N}, {Kd}]")
+    zeros = ins[2] if len(ins) > 2 else None
+    tz = ftype(t, zeros.dtype) if zeros is not None else "float"
+    var = Variant.of("op_dequant", tq=ctype(t, qw.dtype), ts=ftype(t, scales.dtype), tz=tz,
+                     ty=ftype(t, out.dtype), zeros=zeros is not None)
+    e = Encoded(int(op), var, group="DEQ")
+    e.ip = dict(N=N, K=Kd, LDQ=qw.cols, GROUP=int(p.get("group", Kd)),
+                NGROUPS=scales.numel // N, PACKED=int(packed))
+    return e
+
+
+ENCODERS = {
+    K.COPY: _enc_elementwise, K.ADD: _enc_elementwise, K.MUL: _enc_elementwise,
+    K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise,
+    K.ALLREDUCE_SHARD: _enc_allreduce,
+    K.GEMV_TILE: _enc_gemv, K.GEMM_TILE: _enc_gemv,
+    K.RMSNORM: _enc_norm, K.LAYERNORM: _enc_norm,
+    K.ROPE: _enc_rope,
+    K.ATTENTION_TILE: _enc_attention, K.ATTENTION_COMBINE: _enc_combine,
+    K.EMBED: _enc_embed, K.KV_APPEND: _enc_kv_append,
+    K.SAMPLE_ARGMAX: _enc_argmax, K.SOFTMAX: _enc_softmax, K.DEQUANT: _enc_dequant,
+}
+
+
+def encode_op(task, op: K, ins: list[View], outs: list[View], params) -> Encoded:
+    if op == K.NOP:
+        return Encoded(int(op), None)
+    if op not in ENCODERS:
+        fail(task, f"opcode {op.name} has no CUDA template")
+    if not outs:
+        fail(task, f"{op.name} has no output")
+    return ENCODERS[op](task, op, ins, outs, params)

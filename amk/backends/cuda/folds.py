@@ -1,0 +1,280 @@
+"""The CUDA lowering's folds of a FUSED task's steps: each merges steps the templates can run as
+one (a rope into the attention that reads it, gate/up/silu into one GEMV, a residual add into
+its GEMV, a norm into the GEMV's x staging ...), so a step's output skips a scratch round trip
+and a barrier. Every fold is Fused -> Fused and keeps the bits of the unfolded steps. FOLDS is
+the ordered list, like passes/pipeline.PIPELINE; the program-level folds (argmax partials,
+preloads) are argmax_fold.py and preload.py.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from amk.program.ir import InstructionKind as K
+from amk.backends.cuda import abi
+from amk.backends.cuda.smem import NTHREADS, XS_MAX
+from amk.backends.cuda.steps import (FLOATS, REF_SCRATCH, RMS_RN, Encoded, Fused, Variant, ctype,
+                                     ftype)
+
+
+def _x_width(enc: Encoded) -> int | None:
+    """Elements of a one-row norm / whole-output batch-1 combine (x producers), else None."""
+    if enc.op in (int(K.RMSNORM), int(K.LAYERNORM)) and enc.ip["ROWS"] == 1:
+        return enc.ip["H"]
+    if (enc.op == int(K.ATTENTION_COMBINE) and enc.ip["B"] == 1 and enc.ip["H_OFF"] == 0
+            and enc.ip["H_COUNT"] == enc.ip["NH"]):
+        return enc.ip["NH"] * enc.ip["HD"]
+    return None
+
+
+def norm_into_smem(f: Fused) -> Fused:
+    """A one-row norm (or a whole batch-1 combine) whose scratch output only the GEMV steps
+    right after it read as x: it writes x into the GEMVs' shared-memory staging area (fp32,
+    rounded through the scratch dtype as before) and the GEMVs skip staging it, so x never
+    goes through global memory (so it is never zeroed either)."""
+    steps, zero = list(f.steps), f.zero
+    for i, (enc, _, outs) in enumerate(steps):
+        H = _x_width(enc)
+        if H is None:
+            continue
+        ref = outs[0].ref
+        if ref[0] != REF_SCRATCH or H > XS_MAX:
+            continue
+        readers = [j for j, (_, a, _) in enumerate(steps) if any(v.ref == ref for v in a)]
+        writers = [j for j, (_, _, o) in enumerate(steps) if o[0].ref == ref]
+        if not readers or writers != [i] or readers != list(range(i + 1, i + 1 + len(readers))):
+            continue
+        if all(steps[j][0].op in (int(K.GEMV_TILE), int(K.GEMM_TILE))
+               and steps[j][1][0].ref == ref and all(v.ref != ref for v in steps[j][1][1:])
+               and steps[j][0].ip["M"] == 1 and steps[j][0].ip["K"] == H
+               for j in readers):
+            steps[i] = (_with_ip(enc, TO_SMEM=1),) + tuple(steps[i][1:])
+            for j in readers:
+                steps[j] = (_with_ip(steps[j][0], XS_READY=1),) + tuple(steps[j][1:])
+            zero = [(o, n) for o, n in zero if (REF_SCRATCH, o) != ref]
+    return Fused(steps, zero)
+
+
+def _fold_windows(steps, n: int, fold):
+    """Walk the steps; where fold(window of n steps, the steps after it) returns a step, that
+    step replaces the window."""
+    out, i = [], 0
+    while i < len(steps):
+        new = fold(steps[i:i + n], steps[i + n:]) if i + n <= len(steps) else None
+        if new is not None:
+            out.append(new)
+            i += n
+        else:
+            out.append(steps[i])
+            i += 1
+    return out
+
+
+def _read_later(ref, later) -> bool:
+    return any(v.ref == ref for _, args, _ in later for v in args)
+
+
+def _rope_fold(r, ra, ro, a, aa, later, consumer: int) -> bool:
+    """The shared conditions of the two rope folds: a one-position ROPE into a scratch that
+    only the next step (a `consumer` step) reads, as its first argument, with the same pos."""
+    return (r.op == int(K.ROPE) and a.op == consumer and aa[0].ref == ro[0].ref
+            and ro[0].ref[0] == REF_SCRATCH and not _read_later(ro[0].ref, later)
+            and r.ip["NPOS"] == 1 and ra[0].dtype == ro[0].dtype)
+
+
+def _rope_joins(r, ra, a, aa) -> bool:
+    """A staged batch-1 attention with pos can take this one-position ROPE's rotation: same pos,
+    head_dim and row count, and (if it already rotates the new k row) the same frequencies."""
+    if not (a.is_fn("op_attention_smem") and a.ip["B"] == 1 and a.ip["HAS_POS"]
+            and len(aa) > 3 and ra[1].ref == aa[3].ref and r.ip["POS64"] == a.ip["POS64"]
+            and r.ip["ROWS"] == 1 and r.ip["HD"] == a.ip["HD"]):
+        return False
+    if a.ip.get("K_ROPE"):              # one set of frequencies for q and the new k row
+        inv = ra[2:3]
+        return (r.fp["THETA"] == a.fp["THETA"] and bool(inv) == bool(a.ip["ROPE_INV"])
+                and (not inv or inv[0].ref == aa[-1].ref))
+    return True
+
+
+def _rotated(a: Encoded, aa, r: Encoded, ra, flag: str):
+    """(the attention's Encoded with `flag` set, inverse frequencies it gains as an input)."""
+    inv = [] if a.ip.get("Q_ROPE") or a.ip.get("K_ROPE") else list(ra[2:3])
+    e = Encoded(a.op, _with_inv(a.variant, inv), dict(a.ip, **{flag: 1}, ROPE_INV=int(bool(ra[2:3]))),
+                dict(a.fp, THETA=r.fp["THETA"]), a.group)
+    return e, inv
+
+
+def rope_into_attention(f: Fused) -> Fused:
+    """A ROPE of exactly one staged attention's q heads (batch 1, one position, the attention's
+    own pos) into a scratch only that attention reads: the attention rotates q itself while it
+    stages it (op_attention_smem's Q_ROPE), so q skips the scratch round trip and the step's
+    barrier."""
+    def fold(window, later):
+        (r, ra, ro), (a, aa, ao) = window
+        if not (_rope_fold(r, ra, ro, a, aa, later, int(K.ATTENTION_TILE)) and _rope_joins(r, ra, a, aa)
+                and r.ip["COLS"] == a.ip["NH"] * a.ip["HD"]
+                and (r.ip["C0"], r.ip["C1"]) == (a.ip["H_OFF"] * a.ip["HD"],
+                                                 (a.ip["H_OFF"] + a.ip["H_COUNT"]) * a.ip["HD"])):
+            return None
+        e, inv = _rotated(a, aa, r, ra, "Q_ROPE")
+        return e, [ra[0]] + list(aa[1:]) + inv, ao
+    return Fused(_fold_windows(f.steps, 2, fold), f.zero)
+
+
+def k_rope_into_attention(f: Fused) -> Fused:
+    """The whole-tensor ROPE of a NEW_KV attention's new k row (one position, its pos) into a
+    scratch only that attention reads, as k_new: the attention rotates its kv head's row itself
+    (op_attention_smem's K_ROPE). The steps between may only write other scratch (the q rope)."""
+    steps = f.steps
+    out = list(steps)
+    for i, (r, ra, ro) in enumerate(steps):
+        if r.op != int(K.ROPE) or ro[0].ref[0] != REF_SCRATCH:
+            continue
+        readers = [j for j in range(i + 1, len(steps)) if any(v.ref == ro[0].ref for v in steps[j][1])]
+        if len(readers) != 1:
+            continue
+        j = readers[0]
+        a, aa, ao = steps[j]
+        between = [w.ref for _, _, wo in steps[i + 1:j] for w in wo]
+        if not (a.op == int(K.ATTENTION_TILE) and a.ip.get("NEW_KV") and len(aa) >= 6
+                and aa[4].ref == ro[0].ref and not any(v.ref == ro[0].ref for v in aa[:4] + aa[5:])
+                and all(w[0] == REF_SCRATCH and w not in [v.ref for v in ra] for w in between)
+                and _rope_joins(r, ra, a, aa) and r.ip["NPOS"] == 1
+                and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"])
+                and ra[0].numel == ro[0].numel == a.ip["NKV"] * a.ip["HD"]
+                and ra[0].dtype == ro[0].dtype == aa[5].dtype):
+            continue
+        e, inv = _rotated(a, aa, r, ra, "K_ROPE")
+        out[j] = (e, list(aa[:4]) + [ra[0]] + list(aa[5:]) + inv, ao)
+        out[i] = None
+    return Fused([s for s in out if s is not None], f.zero)
+
+
+def rope_into_append(f: Fused) -> Fused:
+    """A whole-tensor ROPE (one position, the append's own pos) into a scratch only the next
+    KV_APPEND reads: the append rotates the rows itself (op_kv_append's ROPE_HD), one pass from
+    the GEMV's output to the cache instead of a scratch round trip and a barrier."""
+    def fold(window, later):
+        (r, ra, ro), (a, aa, ao) = window
+        if not (_rope_fold(r, ra, ro, a, aa, later, int(K.KV_APPEND))
+                and a.ip["HAS_POS"] and len(aa) == 2 and ra[1].ref == aa[1].ref
+                and r.ip["POS64"] == a.ip["POS64"] and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"])
+                and ra[0].numel == ro[0].numel == aa[0].numel):
+            return None
+        inv = ra[2:3]
+        e = Encoded(a.op, _with_inv(a.variant, inv), dict(a.ip, ROPE_HD=r.ip["HD"], ROPE_INV=int(bool(inv))),
+                    dict(a.fp, THETA=r.fp["THETA"]), a.group)
+        return e, [ra[0], aa[1]] + list(inv), ao
+    return Fused(_fold_windows(f.steps, 2, fold), f.zero)
+
+
+def pair_gemvs(f: Fused) -> Fused:
+    """gate GEMV, up GEMV (op_gemv_direct, same x and row tile, scratch outputs) and the
+    SILU_MUL of exactly those two tiles that follows them: one op_gemv_direct of NMAT=2 that
+    computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is staged once,
+    one item holds a row of each matrix, and neither tile goes through scratch."""
+    silu = abi.EW_KINDS.index("SILU_MUL")
+    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY")
+
+    def fold(window, later):
+        (a, aa, ao), (b, ba, bo), (c, ca, co) = window
+        ga, gb = _direct(a), _direct(b)
+        if not (ga and gb and ga.arg("epi") == gb.arg("epi") == 0 and not ga.arg("bias")
+                and not gb.arg("bias") and ga.arg("nmat") == gb.arg("nmat") == 1
+                and ga.arg("tw") == gb.arg("tw") and ga.arg("ty") == gb.arg("ty")
+                and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
+                and c.op == int(K.SILU_MUL) and c.ip.get("KIND") == silu and c.ip["ROWS"] == 1
+                and sorted(v.ref for v in ca) == sorted([ao[0].ref, bo[0].ref]) and ao[0].ref != bo[0].ref
+                and ao[0].ref[0] == bo[0].ref[0] == REF_SCRATCH
+                and (c.ip["C0"], c.ip["C1"]) == (a.ip["N_OFF"], a.ip["N_OFF"] + a.ip["N_TILE"])
+                and all(c.ip[k] == c.ip["COLS"] for k in ("A_RS", "B_RS")) and c.ip["A_CS"] == c.ip["B_CS"] == 1
+                and co[0].cols == ao[0].cols == bo[0].cols == a.ip["N"] and co[0].dtype in FLOATS
+                and not _read_later(ao[0].ref, later) and not _read_later(bo[0].ref, later)):
+            return None
+        e = Encoded(a.op, ga.with_(nmat=2, epi=2, to=ftype(None, co[0].dtype)), dict(a.ip),
+                    dict(a.fp), a.group)
+        gate, up = (aa[1], ba[1]) if ca[0].ref == ao[0].ref else (ba[1], aa[1])
+        return e, [aa[0], gate, up], [co[0]]
+    return Fused(_fold_windows(f.steps, 3, fold), f.zero)
+
+
+def fold_add(f: Fused) -> Fused:
+    """A batch-1 GEMV tile (op_gemv or op_gemv_direct) into a scratch that only
+    the next step reads, an ADD of that tile and a residual at the same columns (o + h, down +
+    h): the GEMV adds the residual (appended as its last input) itself and writes the ADD's
+    output. Runs after pair_gemvs."""
+    def fold(window, later):
+        (g, ga, go), (a, aa, ao) = window
+        y = go[0]
+        plain = g.is_fn("op_gemv") and g.ip.get("M") == 1
+        direct = g.is_fn("op_gemv_direct") and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0
+        if not ((plain or direct) and a.op == int(K.ADD)
+                and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
+                and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
+                and all(a.ip[k] == a.ip["COLS"] for k in ("A_RS", "B_RS")) and a.ip["A_CS"] == a.ip["B_CS"] == 1
+                and ao[0].cols == y.cols == g.ip["N"] and y.ref[0] == REF_SCRATCH
+                and all(v.dtype in FLOATS for v in aa + ao)
+                and [v.ref for v in aa].count(y.ref) == 1 and not _read_later(y.ref, later)):
+            return None
+        res = aa[1] if aa[0].ref == y.ref else aa[0]
+        tr, to = ctype(None, res.dtype), ftype(None, ao[0].dtype)
+        var = g.variant.with_(epi=1, tr=tr, to=to) if direct else g.variant.with_(add=True, tr=tr, to=to)
+        e = Encoded(g.op, var, dict(g.ip), dict(g.fp), g.group)
+        return e, ga + [res], [ao[0]]
+    return Fused(_fold_windows(f.steps, 2, fold), f.zero)
+
+
+def norm_into_gemv(f: Fused) -> Fused:
+    """A one-row RMSNorm into the GEMVs' shared-memory x (TO_SMEM) and the op_gemv_direct right
+    after it: one op_gemv_direct (NORM) that normalises x itself (rms_row, the same bits), so
+    the task is one step, not a FUSED pair (the step boundary cost ~1 us a task on an H200:
+    q/k/v and gate/up tasks, NOTES v12). Its args: the norm's input row in place of x, the
+    norm's weight appended last (never with the ADD epilogue, whose residual is last); the
+    GEMVs after it still read x from shared memory. Runs after fold_add."""
+    nt = NTHREADS
+
+    def fold(window, later):
+        (n, na, no), (g, ga, go) = window
+        if not (n.op == int(K.RMSNORM) and n.ip.get("TO_SMEM") and n.ip["ROWS"] == 1
+                and n.ip["H"] <= RMS_RN * nt and g.is_fn("op_gemv_direct") and g.ip.get("XS_READY")
+                and g.variant.arg("epi") != 1 and not g.variant.arg("norm") and ga[0].ref == no[0].ref
+                and na[0].dtype in FLOATS and na[1].dtype in FLOATS):
+            return None
+        var = g.variant.with_(norm=True, nx=ftype(None, na[0].dtype), nw=ftype(None, na[1].dtype),
+                              rn=-(-n.ip["H"] // nt))     # the row elements a thread holds, no more
+        e = Encoded(g.op, var, dict(g.ip, XS_READY=0), dict(g.fp, EPS=n.fp["EPS"]), g.group)
+        return e, [na[0]] + ga[1:] + [na[1]], go
+    return Fused(_fold_windows(f.steps, 2, fold), f.zero)
+
+
+def _with_inv(v: Variant, inv) -> Variant:
+    """The variant with its inverse-frequency type (TF) that of inv's buffer, if it gains one."""
+    return v.with_(tf=ftype(None, inv[0].dtype)) if inv else v
+
+
+def _with_ip(e: Encoded, **ip) -> Encoded:
+    return replace(e, ip=dict(e.ip, **ip))
+
+
+def _direct(e: Encoded) -> Variant | None:
+    return e.variant if e.is_fn("op_gemv_direct") else None
+
+
+# In this order: the scratch analyses (norm_into_smem) look at single-output steps as the
+# recipe wrote them; the rope folds before the GEMV folds; norm_into_gemv after fold_add.
+FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
+    ("norm_into_smem", norm_into_smem),
+    ("k_rope_into_attention", k_rope_into_attention),
+    ("rope_into_attention", rope_into_attention),
+    ("rope_into_append", rope_into_append),
+    ("pair_gemvs", pair_gemvs),
+    ("fold_add", fold_add),
+    ("norm_into_gemv", norm_into_gemv),
+]
+
+
+def fold_steps(f: Fused) -> Fused:
+    """Every fold of FOLDS, in order."""
+    for _, fold in FOLDS:
+        f = fold(f)
+    return f

@@ -1,0 +1,50 @@
+"""The preload fold: the first weight rows of an o-projection tile (a task that starts with a
+split-KV combine) are copied into shared memory by the task before it in the queue.
+
+The copy starts from the staged attention right after it has issued its own loads
+(op_attention_smem), else when that task ends. The combine's wait for the attention is the
+layer's long idle of the HBM and of the SM's ingress, so the rows land before any of the task's
+own loads (a copy issued at the task's start delays the combine's loads behind it: NOTES v11).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from amk.program.ir import BufferKind, InstructionKind as K
+from amk.backends.cuda.steps import FoldedTask
+
+
+def preload(ft: FoldedTask, cap: int) -> FoldedTask:
+    """The first PRE rows of each matrix of the task's op_gemv_direct step (as many as `cap`
+    bytes hold; whole row pairs for one matrix), which then reads them from shared memory (ip
+    PRE), when the task starts with a combine and its weights are read-only: ft.preload holds
+    their ranges (ref, byte offset, bytes). Nothing to preload: ft unchanged."""
+    steps = ft.steps
+    if not cap or not steps or steps[0][0].op != int(K.ATTENTION_COMBINE):
+        return ft
+    i = next((i for i, (e, _, _) in enumerate(steps) if e.is_fn("op_gemv_direct")), None)
+    if i is None:
+        return ft
+    enc, args, outs = steps[i]
+    ws = args[1:1 + enc.variant.arg("nmat")]
+    if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
+        return ft
+    rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
+    pr = min(n_tile, cap // (len(ws) * rb))
+    if len(ws) == 1 and pr < n_tile:
+        pr -= pr % 2
+    if pr <= 0:
+        return ft
+    pre_step = (replace(enc, ip=dict(enc.ip, PRE=pr)), args, outs)
+    return replace(ft, steps=steps[:i] + [pre_step] + steps[i + 1:],
+                   preload=[(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws], preload_step=i)
+
+
+def drop_unissued_preloads(tasks: list[FoldedTask], queues: list[list[int]]) -> None:
+    """A task first in its queue has nobody to copy its rows: no preload (its PRE = 0)."""
+    for q in queues:
+        if q and tasks[q[0]].preload:
+            ft = tasks[q[0]]
+            enc, args, outs = ft.steps[ft.preload_step]
+            ft.steps[ft.preload_step] = (replace(enc, ip=dict(enc.ip, PRE=0)), args, outs)
+            ft.preload = []

@@ -1,0 +1,115 @@
+"""Folded program -> the kernel's tables: task descriptors (program tasks first, then FUSED
+steps), waits, pointer references, preload and zero ranges, and the variant list codegen turns
+into the scheduler's switch. Per-task parameters live in descriptors, so the rendered source
+depends only on the set of variants, never on the number of tasks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from amk.program.ir import InstructionKind as K, Program
+from amk.backends.cuda import abi
+from amk.backends.cuda.steps import REF_SCRATCH, Encoded, Folded, Variant, View, fail
+
+_FIELDS = ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in", "n_out",
+           "sub_begin", "n_sub", "pre_begin", "zero_begin", "n_zero", "task_id", "n_ptr_all",
+           "n_pre")
+
+
+@dataclass
+class Lowered:
+    variants: list[Variant]
+    tasks: np.ndarray                    # TASK_DTYPE, program tasks first then FUSED steps
+    n_program_tasks: int
+    waits: np.ndarray                    # WAIT_DTYPE
+    ptr_refs: np.ndarray                 # int64 [n, 2]: (kind, buffer id | scratch offset)
+    ranges: list[tuple[tuple[int, int], int, int]]   # (ref, byte offset, bytes): preload, zero
+    scratch_bytes: int
+    queues: list[list[int]]              # per-CTA task ids (program order within a queue)
+
+
+def pack(program: Program, folded: Folded) -> Lowered:
+    variants: dict[Variant, int] = {}
+    n_inc = np.zeros(len(program.counters), dtype=np.int64)
+    for t in program.tasks:
+        if t.out_counter is not None and t.out_counter >= 0:
+            n_inc[t.out_counter] += 1
+    rows: list[dict[str, Any]] = []
+    subs: list[dict[str, Any]] = []
+    waits: list[tuple[int, int, int]] = []
+    refs: list[tuple[int, int]] = []
+    ranges: list[tuple[tuple[int, int], int, int]] = []
+
+    def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
+        var = -1 if enc.variant is None else variants.setdefault(enc.variant, len(variants))
+        d = dict(op=enc.op, variant=var, ptr_begin=len(refs), n_in=len(ins), n_out=len(outs),
+                 ip=enc.ip, fp=enc.fp, group=enc.group)
+        refs.extend(v.ref for v in ins + outs)
+        return d
+
+    for ft in folded.tasks:
+        t = ft.task
+        if t.op == K.FUSED and not ft.one:
+            d = desc(Encoded(int(t.op), None), ft.ins, ft.outs)
+            d["sub_begin"], d["n_sub"] = len(subs), len(ft.steps)
+            d["zero_begin"], d["n_zero"] = len(ranges), len(ft.zero)
+            ranges.extend(((REF_SCRATCH, o), 0, n) for o, n in ft.zero)
+            for enc, sins, souts in ft.steps:
+                sd = desc(enc, sins, souts)
+                sd["task_id"] = t.id
+                subs.append(sd)
+            d["n_ptr_all"] = len(refs) - d["ptr_begin"]      # its steps' pointers follow its own
+        else:
+            enc, sins, souts = ft.steps[0]
+            d = desc(enc, sins, souts)
+            d["n_ptr_all"] = d["n_in"] + d["n_out"]
+        d["task_id"] = t.id
+        d["wait_begin"], d["n_waits"] = len(waits), len(t.waits)
+        for w in t.waits:
+            if not 0 <= w.counter < len(program.counters):
+                fail(t, f"waits on counter {w.counter}, which does not exist")
+            waits.append((w.counter, w.threshold, int(n_inc[w.counter])))
+        d["out_counter"] = t.out_counter if t.out_counter is not None else -1
+        rows.append(d)
+
+    for q in folded.queues:       # each preload's ranges go to the task before it in its queue
+        for k, j in enumerate(q):
+            if k > 0 and folded.tasks[j].preload:
+                d = rows[q[k - 1]]
+                d["pre_begin"], d["n_pre"] = len(ranges), len(folded.tasks[j].preload)
+                ranges.extend(folded.tasks[j].preload)
+    n_prog = len(rows)
+    for s in subs:
+        s["wait_begin"], s["n_waits"], s["out_counter"] = 0, 0, -1
+    for d in rows:
+        if d.get("n_sub"):
+            d["sub_begin"] += n_prog
+    table = np.zeros(n_prog + len(subs), dtype=abi.TASK_DTYPE)
+    for i, d in enumerate(rows + subs):
+        rec = table[i]
+        for f in _FIELDS:
+            rec[f] = d.get(f, 0)
+        g = d["group"]
+        for name, v in d["ip"].items():
+            rec["ip"][abi.ip_index(g, name)] = int(v)
+        first = waits[d["wait_begin"]:d["wait_begin"] + min(d["n_waits"], abi.INLINE_WAITS)]
+        for k, (c, th, st) in enumerate(first):      # the waits the scheduler polls from smem
+            rec["wait_c"][k], rec["wait_t"][k], rec["wait_s"][k] = c, th & 0xFFFFFFFF, st
+        for name, v in d["fp"].items():
+            rec["fp"][abi.fp_index(g, name)] = float(v)
+    wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
+    for i, (c, th, st) in enumerate(waits):
+        wt[i]["counter"], wt[i]["threshold"], wt[i]["stride"] = c, th & 0xFFFFFFFF, st
+    return Lowered(variants=_with_pre(list(variants), table), tasks=table, n_program_tasks=n_prog,
+                   waits=wt, ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2),
+                   ranges=ranges, scratch_bytes=folded.scratch_bytes, queues=folded.queues)
+
+
+def _with_pre(variants: list[Variant], table: np.ndarray) -> list[Variant]:
+    """The preloaded-rows path only in the op_gemv_direct variants some task of which uses it
+    (the o tiles after a combine): never-run code in a hot function costs time (NOTES v16)."""
+    pre = table["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
+    return [v.with_(pre=True) if v.fn == "op_gemv_direct" and pre[table["variant"] == i].any()
+            else v for i, v in enumerate(variants)]
