@@ -86,7 +86,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (lower._preload)
     # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, lower._norm_into_gemv)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "RPC", "XS_READY",
-             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT", "PRE"),
+             "PIPE", "NMAT", "NV", "RB", "ARG_SLOT", "PRE", "BIAS_AT"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (lower._rope_into_attention); K_ROPE: so is NEW_KV's new k row

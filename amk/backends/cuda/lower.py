@@ -30,6 +30,7 @@ RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.B
                  **{d.short: d for d in (DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8,
                                          DType.U8)}}
 FLOATS = (DType.F32, DType.F16, DType.BF16)
+QMODES = {int(DType.I8): 1, int(DType.I4): 2, int(DType.F8E4M3): 3}   # qdtype -> op_gemv's QMODE
 HD_MAX = 256            # largest attention head_dim the templates handle
 RMS_RN = 8              # row elements a thread of rms_row holds (the kernel's AMK_RMS_RN)
 SCRATCH_ALIGN = 256
@@ -191,25 +192,31 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     if out.numel != M * N:
         _fail(t, f"output {out.shape} is not [{M}, N] for x {x.shape} and K={Kd}")
     qd = int(p.get("qdtype", 0))
-    quant = qd in (int(DType.I4), int(DType.I8)) and len(ins) >= 3
+    quant = qd in QMODES and len(ins) >= 3
     rows = w.shape[0] if w.shape else 1
     ldw = w.numel // max(rows, 1)
+    bias_at = 0                      # the bias input's index (0: none)
     if quant:
         scales = ins[2]
-        zeros = ins[3] if len(ins) > 3 else None
+        if p.get("bias"):            # a quantized GEMV's bias is its last input
+            bias_at = len(ins) - 1
+            if ins[-1].dtype != scales.dtype:
+                _fail(t, f"the bias ({ins[-1].dtype.name}) and the scales ({scales.dtype.name}) "
+                         "of a quantized GEMV must share a dtype")
+        zeros = ins[3] if len(ins) > 3 + bool(bias_at) else None
         n_full = scales.shape[0]
         group = int(p.get("group", Kd))
         ngroups = scales.numel // n_full
-        qmode = 2 if qd == int(DType.I4) else 1
+        qmode = QMODES[qd]
         if qmode == 2 and w.dtype not in (DType.U8, DType.I8):
             _fail(t, f"int4 weights are packed in a U8 buffer, got {w.dtype.name}")
-        if qmode == 1 and w.dtype != DType.I8:
-            _fail(t, f"int8 weights must be an I8 buffer, got {w.dtype.name}")
+        if qmode in (1, 3) and w.dtype != {1: DType.I8, 3: DType.F8E4M3}[qmode]:
+            _fail(t, f"qdtype {DType(qd).name} weights must be a {DType(qd).name} buffer, got {w.dtype.name}")
         vw = 32 if qmode == 2 else 16
         vec = Kd % vw == 0 and ldw % 16 == 0
         ts = _ft(t, scales.dtype)
         tz = _ft(t, zeros.dtype) if zeros is not None else ts
-        tw = _ct(t, w.dtype)
+        tw = "unsigned char" if qmode == 3 else _ct(t, w.dtype)
     else:
         zeros = None
         n_full = rows
@@ -218,6 +225,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
         vw = 16 // w.esize
         vec = Kd % vw == 0 and ldw % vw == 0
         bias = ins[2] if len(ins) > 2 else None
+        bias_at = 2 if bias is not None else 0
         ts = _ft(t, bias.dtype) if bias is not None else "float"
         tz = ts
     n_off = int(p.get("n_off", 0))
@@ -230,7 +238,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     mb = max(1, min(M, 4, XS_MAX // Kd))
     # the non-coherent read-only path only for buffers nothing writes during the kernel
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
-    has_bias = not quant and len(ins) > 2
+    has_bias = bias_at > 0
     row_bytes = ldw * w.esize
     # Float weights of a read-only buffer, batch 1: the tile's rows come through the CTA's
     # weight stream (shared memory, bulk copies running ahead across task boundaries) in chunks
@@ -257,7 +265,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                 f"{_b(has_bias)}, {_b(zeros is not None)}, {_b(vec)}, {mb}, {_b(w_ro)}>(AMK_ARGS)")
     e = Encoded(int(op), call, group="GEMV", direct=tmpl if direct else None)
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
-                NGROUPS=ngroups)
+                NGROUPS=ngroups, BIAS_AT=bias_at)
     if pipe:
         e.ip.update(PIPE=1, NMAT=1, NV=Kd * w.esize // 16, RB=row_bytes)
     if ring:
@@ -274,8 +282,9 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
         _weight_prefetch(ins[2], n_off * sb, n_tile * sb, e)
         if zeros is not None:
             _weight_prefetch(zeros, n_off * sb, n_tile * sb, e)
-    elif has_bias:
-        _weight_prefetch(ins[2], n_off * ins[2].esize, n_tile * ins[2].esize, e)
+    if has_bias:
+        b = ins[bias_at]
+        _weight_prefetch(b, n_off * b.esize, n_tile * b.esize, e)
     return e
 
 
@@ -554,11 +563,13 @@ def _enc_dequant(t, op, ins, outs, p) -> Encoded:
         _fail(t, f"output {out.shape} is not [{N}, {Kd}]")
     zeros = ins[2] if len(ins) > 2 else None
     tz = _ft(t, zeros.dtype) if zeros is not None else "float"
-    call = (f"op_dequant<{_ct(t, qw.dtype)}, {_ft(t, scales.dtype)}, {tz}, {_ft(t, out.dtype)}, "
+    fp8 = qd == int(DType.F8E4M3)
+    tq = "unsigned char" if fp8 else _ct(t, qw.dtype)
+    call = (f"op_dequant<{tq}, {_ft(t, scales.dtype)}, {tz}, {_ft(t, out.dtype)}, "
             f"{_b(zeros is not None)}>(AMK_ARGS)")
     e = Encoded(int(op), call, group="DEQ")
     e.ip = dict(N=N, K=Kd, LDQ=qw.cols, GROUP=int(p.get("group", Kd)),
-                NGROUPS=scales.numel // N, PACKED=int(packed))
+                NGROUPS=scales.numel // N, PACKED=2 if fp8 else int(packed))
     return e
 
 
