@@ -5,6 +5,8 @@
     nibble, each stored as q+8 (q in [-8, 7])
   * scales: [N, ceil(K/group)] float; column k uses group k // group
   * zeros: None (symmetric) or integer-valued floats shaped like scales
+  * fp8 (fmt="fp8"): q is float8_e4m3fn [N, K], real = q * scale; scales per group (group = K:
+    per output channel), no zeros
 """
 from __future__ import annotations
 
@@ -24,6 +26,11 @@ class QuantizedWeight:
     group: int = 128
 
     @property
+    def fmt(self) -> str:
+        """"int8", "int4" or "fp8" (an fp8 weight is 8 bits of float8_e4m3fn)."""
+        return "fp8" if self.q.dtype == torch.float8_e4m3fn else f"int{self.bits}"
+
+    @property
     def shape(self) -> tuple[int, int]:
         n = self.q.shape[0]
         k = self.q.shape[1] * (2 if self.bits == 4 else 1)
@@ -33,10 +40,21 @@ class QuantizedWeight:
 pytree.register_static_fields(QuantizedWeight, ("bits", "group"))
 
 
-def quantize(w: torch.Tensor, bits: int = 8, group: int = 128, symmetric: bool = True) -> QuantizedWeight:
-    """Group-wise weight-only quantization of a [N, K] weight (round to nearest)."""
-    if bits not in (4, 8):
-        raise ValueError(f"quantize: bits must be 4 or 8, got {bits}")
+FORMATS = ("int8", "int4", "fp8")
+FP8_MAX = 448.0                # the largest float8_e4m3fn
+
+
+def quantize(w: torch.Tensor, bits: int = 8, group: int = 128, symmetric: bool = True,
+             fmt: str | None = None) -> QuantizedWeight:
+    """Group-wise weight-only quantization of a [N, K] weight (round to nearest). fmt "int8",
+    "int4" or "fp8" names the format (default: int of `bits` bits); fp8 is symmetric E4M3 with
+    a scale per group (group >= K: one per output channel)."""
+    fmt = fmt or f"int{bits}"
+    if fmt not in FORMATS:
+        raise ValueError(f"quantize: format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "fp8":
+        return _quantize_fp8(w, group)
+    bits = int(fmt[3:])
     n, k = w.shape
     if bits == 4 and k % 2:
         raise ValueError(f"quantize: int4 needs an even K, got {k}")
@@ -63,6 +81,17 @@ def quantize(w: torch.Tensor, bits: int = 8, group: int = 128, symmetric: bool =
     dt = w.dtype if w.dtype.is_floating_point else torch.float32
     return QuantizedWeight(qs.contiguous(), scale.to(dt).contiguous(),
                            None if zeros is None else zeros.to(dt).contiguous(), bits, group)
+
+
+def _quantize_fp8(w: torch.Tensor, group: int) -> QuantizedWeight:
+    n, k = w.shape
+    group = min(group, k)
+    ng = (k + group - 1) // group
+    wg = torch.nn.functional.pad(w.float(), (0, ng * group - k)).view(n, ng, group)
+    scale = wg.abs().amax(-1).clamp_min(1e-8) / FP8_MAX
+    q = (wg / scale[..., None]).view(n, ng * group)[:, :k].to(torch.float8_e4m3fn)
+    dt = w.dtype if w.dtype.is_floating_point else torch.float32
+    return QuantizedWeight(q.contiguous(), scale.to(dt).contiguous(), None, 8, group)
 
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:

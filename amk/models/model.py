@@ -73,20 +73,22 @@ class Model:
 
     LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
-    def quantize(self, bits: int = 8, group: int = 128, lm_head: bool = True) -> "Model":
+    def quantize(self, fmt: str | None = None, bits: int = 8, group: int = 128,
+                 lm_head: bool = True) -> "Model":
         """Weight-only quantization of every linear layer (and the lm_head: it then gets its own
-        quantized copy, the embedding table stays float). In place; returns self."""
-        from amk.quant import QuantizedWeight, quantize
-        biased = [k for k in ("bq", "bk", "bv", "bo", "b_gate", "b_up", "b_down") if k in self.params["layers"][0]]
-        if biased:
-            raise TraceError(f"Model.quantize: this {self.config.arch} model has linear biases {biased}; "
-                             "amk.ops.linear takes no bias with a QuantizedWeight yet")
+        quantized copy, the embedding table stays float). fmt "int8", "int4" or "fp8" (E4M3,
+        a scale per group); without it, the integer format of `bits` bits. Biases stay float
+        and are added in the GEMV's epilogue. In place; returns self."""
+        from amk.quant import FORMATS, QuantizedWeight, quantize
+        fmt = fmt or f"int{bits}"
+        if fmt not in FORMATS:
+            raise TraceError(f"Model.quantize: format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         for layer in self.params["layers"]:
             for k in self.LINEAR_WEIGHTS:
                 if not isinstance(layer[k], QuantizedWeight):
-                    layer[k] = quantize(layer[k], bits=bits, group=group)
+                    layer[k] = quantize(layer[k], group=group, fmt=fmt)
         if lm_head and not isinstance(self.params["lm_head"], QuantizedWeight):
-            self.params["lm_head"] = quantize(self.params["lm_head"], bits=bits, group=group)
+            self.params["lm_head"] = quantize(self.params["lm_head"], group=group, fmt=fmt)
         return self
 
     def new_kv(self, batch: int = 1) -> list:

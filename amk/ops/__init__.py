@@ -68,15 +68,16 @@ def layernorm(x, weight, bias=None, eps: float = 1e-5):
 def linear(x, weight, bias=None):
     """y = x @ weight.T (+ bias). weight is [N_out, K_in] (nn.Linear) or an amk.QuantizedWeight."""
     if isinstance(weight, QuantizedWeight):
-        if bias is not None:
-            raise TraceError("amk.ops.linear: a bias with a QuantizedWeight is not supported; add it with ops.add")
-        c, ctx, (xt, q, s, z) = _args("linear", [("x", x), ("weight.q", weight.q),
-                                                 ("weight.scales", weight.scales),
-                                                 ("weight.zeros", weight.zeros)])
+        c, ctx, (xt, q, s, z, bt) = _args("linear", [("x", x), ("weight.q", weight.q),
+                                                     ("weight.scales", weight.scales),
+                                                     ("weight.zeros", weight.zeros), ("bias", bias)])
         aval = rules.qlinear(c, xt.aval, q.aval, s.aval, z.aval if z is not None else None,
-                             weight.bits, weight.group)
-        return _bind(ctx, c, "qlinear", [xt, q, s, z],
-                     {"bits": weight.bits, "group": weight.group}, aval)
+                             weight.bits, weight.group, bt.aval if bt is not None else None)
+        # the bias is the last input, added in the GEMV's fp32 epilogue (one rounding, as a
+        # float linear's); "bias" marks it, since zeros before it are optional
+        extra = {"bias": True} if bt is not None else {}
+        return _bind(ctx, c, "qlinear", [xt, q, s, z, bt],
+                     {"bits": weight.bits, "group": weight.group, **extra}, aval)
     c, ctx, (xt, wt, bt) = _args("linear", [("x", x), ("weight", weight), ("bias", bias)])
     aval = rules.linear(c, xt.aval, wt.aval, bt.aval if bt is not None else None)
     return _bind(ctx, c, "linear", [xt, wt, bt], {}, aval)

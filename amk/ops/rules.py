@@ -85,12 +85,14 @@ def linear(c: Checker, x: Aval, w: Aval, bias: Aval | None) -> Aval:
 
 
 def qlinear(c: Checker, x: Aval, q: Aval, scales: Aval, zeros: Aval | None,
-            bits: int, group: int) -> Aval:
+            bits: int, group: int, bias: Aval | None = None) -> Aval:
     c.activation("x", x)
     if bits not in (4, 8):
         c.fail("weight", f"QuantizedWeight.bits must be 4 or 8, got {bits}")
     c.rank("weight.q", q, 2)
-    c.dtype("weight.q", q, DType.U8 if bits == 4 else DType.I8)
+    c.dtype("weight.q", q, *((DType.U8,) if bits == 4 else (DType.I8, DType.F8E4M3)))
+    if q.dtype is DType.F8E4M3 and zeros is not None:
+        c.fail("weight.zeros", "an fp8 weight is symmetric: it takes no zeros")
     n = q.shape[0]
     k = q.shape[1] * (2 if bits == 4 else 1)
     if k != x.shape[1]:
@@ -103,6 +105,10 @@ def qlinear(c: Checker, x: Aval, q: Aval, scales: Aval, zeros: Aval | None,
         c.fail("weight.scales", f"must have shape [{n}, {ng}] (N, ceil(K/group)), got {list(scales.shape)}")
     if zeros is not None:
         c.same_shape(("weight.scales", "weight.zeros"), scales, zeros)
+    if bias is not None:
+        c.floating("bias", bias)
+        if bias.shape != (n,):
+            c.fail("bias", f"must have shape [{n}], got {list(bias.shape)}")
     return Aval((x.shape[0], n), x.dtype)
 
 

@@ -17,6 +17,11 @@ from amk.program.ir import (Buffer, BufferKind, Counter, DType, InstructionKind 
 I4, I8 = int(DType.I4), int(DType.I8)
 
 
+def _qdtype(bits: int, q: Var) -> int:
+    """The GEMV/DEQUANT qdtype of a QuantizedWeight: I4, I8, or F8E4M3 for an fp8 q."""
+    return int(DType.F8E4M3) if q.aval.dtype is DType.F8E4M3 else I4 if bits == 4 else I8
+
+
 def _linear(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
     x, w = ins[0].aval, ins[1].aval
     op = K.GEMV_TILE if x.shape[0] == 1 else K.GEMM_TILE
@@ -28,13 +33,14 @@ def _qlinear(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
     x, q = ins[0].aval, ins[1].aval
     op = K.GEMV_TILE if x.shape[0] == 1 else K.GEMM_TILE
     return op, {"n_off": 0, "N_tile": q.shape[0], "K": x.shape[1],
-                "qdtype": I4 if p["bits"] == 4 else I8, "group": p["group"]}
+                "qdtype": _qdtype(p["bits"], ins[1]), "group": p["group"],
+                **({"bias": 1} if p.get("bias") else {})}
 
 
 def _dequant(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
     p = e.p
     k = e.outputs[0].aval.shape[1]
-    return K.DEQUANT, {"qdtype": I4 if p["bits"] == 4 else I8, "group": p["group"], "K": k}
+    return K.DEQUANT, {"qdtype": _qdtype(p["bits"], ins[0]), "group": p["group"], "K": k}
 
 
 def _attention(e: Eqn, ins: list[Var]) -> tuple[K, dict]:

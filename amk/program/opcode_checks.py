@@ -86,18 +86,28 @@ def _gemv(c: _Ctx) -> None:
         c.bad(f"weight {_b(w)} must be 2-d [N, K], got {list(w.shape)}")
         raise _Bad
     N = w.shape[0]
-    if qdtype in (DType.I8, DType.I4):
+    if qdtype in (DType.I8, DType.I4, DType.F8E4M3):
         if len(c.ins) < 3:
             c.bad(f"quantized (qdtype={qdtype}) needs inputs x, qW, scales[, zeros]")
             raise _Bad
         group = c.int_("group", lo=1)
         packed = (K_ + 1) // 2 if qdtype == DType.I4 else K_
-        c.dtype(w, (DType.U8,) if qdtype == DType.I4 else (DType.I8,), "quantized weight")
+        c.dtype(w, {DType.I4: (DType.U8,), DType.I8: (DType.I8,),
+                    DType.F8E4M3: (DType.F8E4M3,)}[DType(qdtype)], "quantized weight")
         if w.shape[1] != packed:
             c.bad(f"quantized weight {_b(w)} has {w.shape[1]} columns, needs {packed} for K={K_}")
         n_groups = -(-K_ // group)
+        biased = bool(c.p.get("bias"))                # ext: the last input is a bias [N]
+        n_q = len(c.ins) - biased                     # x, qW, scales[, zeros]
+        if biased:
+            c.numel(c.ins[-1], N, "bias")
+            c.dtype(c.ins[-1], FLOATS, "bias")
+        if n_q > 4:
+            c.bad(f"quantized GEMV takes x, qW, scales[, zeros][, bias (params bias=1)]; got {len(c.ins)} inputs")
+        if qdtype == DType.F8E4M3 and n_q > 3:
+            c.bad("an F8E4M3 weight is symmetric: it takes no zeros")
         for i, role in ((2, "scales"), (3, "zeros")):
-            if i < len(c.ins):
+            if i < n_q:
                 c.dtype(c.ins[i], FLOATS, role)
                 if tuple(c.ins[i].shape) != (N, n_groups):
                     c.bad(f"{role} {_b(c.ins[i])} is {list(c.ins[i].shape)}, needs [{N}, {n_groups}]")
@@ -110,7 +120,8 @@ def _gemv(c: _Ctx) -> None:
         if len(c.ins) == 3:
             c.numel(c.ins[2], N, "bias")
     else:
-        c.bad(f"qdtype={qdtype} is not 0, {int(DType.I8)} (I8) or {int(DType.I4)} (I4)")
+        c.bad(f"qdtype={qdtype} is not 0, {int(DType.I8)} (I8), {int(DType.I4)} (I4) or "
+              f"{int(DType.F8E4M3)} (F8E4M3)")
     c.dtype(x, FLOATS, "x")
     c.dtype(out, FLOATS, "output")
     if x.cols != K_:

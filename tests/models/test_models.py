@@ -129,12 +129,16 @@ def test_to_casts_weights_keeps_ties_and_f32_rope():
     assert model.config.dtype == torch.bfloat16 and model.new_kv()[0]["k"].dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_quantized_model_matches_transformers_on_the_dequantized_weights(bits):
+@pytest.mark.parametrize("family, fmt", [("LlamaConfig", "int8"), ("LlamaConfig", "int4"),
+                                         ("LlamaConfig", "fp8"), ("Qwen2Config", "int8")])
+def test_quantized_model_matches_transformers_on_the_dequantized_weights(family, fmt):
+    # Qwen2 has q/k/v biases: they stay float and are added in the quantized GEMV's epilogue
     from amk.quant import dequantize
-    hf = tiny_hf(transformers.LlamaConfig, tie_word_embeddings=True)
+    hf = tiny_hf(getattr(transformers, family), tie_word_embeddings=True)
     model = from_hf(hf, max_seq=16)
-    model.quantize(bits=bits, group=32)
+    model.quantize(fmt, group=32)
+    assert model.params["layers"][0]["wq"].fmt == fmt
+    assert ("bq" in model.params["layers"][0]) == (family == "Qwen2Config")
     hf_names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
                 "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
                 "w_down": "mlp.down_proj"}

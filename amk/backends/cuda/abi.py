@@ -79,8 +79,9 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # second output (argmax_fold.py)
     # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (preload.py)
     # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, folds.norm_into_gemv)
+    # BIAS_AT: the bias input's index (0: none; a quantized GEMV's bias is its last input)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
-             "PRE"),
+             "PRE", "BIAS_AT"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row

@@ -13,6 +13,7 @@ from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail
                                      int_input)
 
 HD_MAX = 256            # largest attention head_dim the templates handle
+QMODES = {int(DType.I8): 1, int(DType.I4): 2, int(DType.F8E4M3): 3}   # qdtype -> op_gemv's QMODE
 
 
 def gemv_direct(*, tx, tw, ty, ts, nmat, epi, bias, tr, to, norm=False, nx="float", nw="float",
@@ -96,25 +97,31 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     if out.numel != M * N:
         fail(t, f"output {out.shape} is not [{M}, N] for x {x.shape} and K={Kd}")
     qd = int(p.get("qdtype", 0))
-    quant = qd in (int(DType.I4), int(DType.I8)) and len(ins) >= 3
+    quant = qd in QMODES and len(ins) >= 3
     rows = w.shape[0] if w.shape else 1
     ldw = w.numel // max(rows, 1)
+    bias_at = 0                      # the bias input's index (0: none)
     if quant:
         scales = ins[2]
-        zeros = ins[3] if len(ins) > 3 else None
+        if p.get("bias"):            # a quantized GEMV's bias is its last input
+            bias_at = len(ins) - 1
+            if ins[-1].dtype != scales.dtype:
+                fail(t, f"the bias ({ins[-1].dtype.name}) and the scales ({scales.dtype.name}) "
+                        "of a quantized GEMV must share a dtype")
+        zeros = ins[3] if len(ins) > 3 + bool(bias_at) else None
         n_full = scales.shape[0]
         group = int(p.get("group", Kd))
         ngroups = scales.numel // n_full
-        qmode = 2 if qd == int(DType.I4) else 1
+        qmode = QMODES[qd]
         if qmode == 2 and w.dtype not in (DType.U8, DType.I8):
             fail(t, f"int4 weights are packed in a U8 buffer, got {w.dtype.name}")
-        if qmode == 1 and w.dtype != DType.I8:
-            fail(t, f"int8 weights must be an I8 buffer, got {w.dtype.name}")
+        if qmode in (1, 3) and w.dtype != DType(qd):
+            fail(t, f"qdtype {DType(qd).name} weights must be a {DType(qd).name} buffer, got {w.dtype.name}")
         vw = 32 if qmode == 2 else 16
         vec = Kd % vw == 0 and ldw % 16 == 0
         ts = ftype(t, scales.dtype)
         tz = ftype(t, zeros.dtype) if zeros is not None else ts
-        tw = ctype(t, w.dtype)
+        tw = "unsigned char" if qmode == 3 else ctype(t, w.dtype)   # fp8: bytes, decoded in op_gemv
     else:
         zeros = None
         n_full = rows
@@ -123,6 +130,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
         vw = 16 // w.esize
         vec = Kd % vw == 0 and ldw % vw == 0
         bias = ins[2] if len(ins) > 2 else None
+        bias_at = 2 if bias is not None else 0
         ts = ftype(t, bias.dtype) if bias is not None else "float"
         tz = ts
     n_off = int(p.get("n_off", 0))
@@ -135,7 +143,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     mb = max(1, min(M, 4, XS_MAX // Kd))
     # the non-coherent read-only path only for buffers nothing writes during the kernel
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
-    has_bias = not quant and len(ins) > 2
+    has_bias = bias_at > 0
     row_bytes = ldw * w.esize
     direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
               and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
@@ -147,7 +155,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                          qmode=qmode, bias=has_bias, zeros=zeros is not None, vec=vec, mb=mb, wro=w_ro)
     e = Encoded(int(op), var, group="GEMV")
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
-                NGROUPS=ngroups)
+                NGROUPS=ngroups, BIAS_AT=bias_at)
     return e
 
 
@@ -335,11 +343,12 @@ def _enc_dequant(t, op, ins, outs, p) -> Encoded:
         fail(t, f"output {out.shape} is not [{N}, {Kd}]")
     zeros = ins[2] if len(ins) > 2 else None
     tz = ftype(t, zeros.dtype) if zeros is not None else "float"
-    var = Variant.of("op_dequant", tq=ctype(t, qw.dtype), ts=ftype(t, scales.dtype), tz=tz,
-                     ty=ftype(t, out.dtype), zeros=zeros is not None)
+    fp8 = qd == int(DType.F8E4M3)    # PACKED 2: E4M3 bytes, decoded in op_dequant
+    var = Variant.of("op_dequant", tq="unsigned char" if fp8 else ctype(t, qw.dtype),
+                     ts=ftype(t, scales.dtype), tz=tz, ty=ftype(t, out.dtype), zeros=zeros is not None)
     e = Encoded(int(op), var, group="DEQ")
     e.ip = dict(N=N, K=Kd, LDQ=qw.cols, GROUP=int(p.get("group", Kd)),
-                NGROUPS=scales.numel // N, PACKED=int(packed))
+                NGROUPS=scales.numel // N, PACKED=2 if fp8 else int(packed))
     return e
 
 

@@ -161,14 +161,15 @@ def op_sample_argmax(inputs, outputs, params, ctx):
 # ------------------------------------------------------------------------------------------
 # Matmuls (tiled by output columns) and weight-only dequantization
 # ------------------------------------------------------------------------------------------
-_I8, _I4 = int(DType.I8), int(DType.I4)
+_I8, _I4, _F8 = int(DType.I8), int(DType.I4), int(DType.F8E4M3)
+QDTYPES = (_I8, _I4, _F8)           # weight-only formats; F8E4M3 (ext): real = q * scale
 
 
 def dequant_rows(qw: torch.Tensor, scales: torch.Tensor, qdtype: int, group: int,
                  zeros: torch.Tensor | None, K: int) -> torch.Tensor:
     """Dequantize weight rows to fp32 ``[N, K]`` (the seed's frozen storage layout).
 
-    I8: ``qw`` int8 ``[N, K]``, real = q * scale. I4: ``qw`` uint8 ``[N, K/2]``, byte b holds
+    I8: ``qw`` int8 ``[N, K]``, real = q * scale; F8E4M3 (ext) likewise with ``qw`` float8_e4m3fn. I4: ``qw`` uint8 ``[N, K/2]``, byte b holds
     column 2b in the low nibble and 2b+1 in the high nibble, each stored as q+8 (q in [-8, 7]).
     scales ``[N, ceil(K/group)]`` (column k uses group k // group); optional integer-valued
     zeros of the same shape give real = (q - zero) * scale."""
@@ -194,22 +195,26 @@ def dequant_rows(qw: torch.Tensor, scales: torch.Tensor, qdtype: int, group: int
 def _matmul_tile(inputs, outputs, params):
     """out[..., n_off:n_off+N_tile] = x @ W[n_off:n_off+N_tile].T (+ bias tile).
 
-    FP weight: inputs = [x, W[N, K], bias?]. Weight-only quantized when params['qdtype'] is I4/I8
-    and a scales input is present: inputs = [x, qW, scales, zeros?]. Only the tile's rows of W
+    FP weight: inputs = [x, W[N, K], bias?]. Weight-only quantized when params['qdtype'] is I4/I8/F8E4M3
+    and a scales input is present: inputs = [x, qW, scales, zeros?, bias?] (bias when params['bias']:
+    ext). Only the tile's rows of W
     are converted (same values as converting all of W, far less work)."""
     x = f32(inputs[0])
     out = outputs[0]
     qdtype = int(params.get("qdtype", 0))
     n_off = int(params.get("n_off", 0))
     K = int(params.get("K", x.shape[-1]))
-    if qdtype in (_I4, _I8) and len(inputs) >= 3:
+    if qdtype in QDTYPES and len(inputs) >= 3:
         scales = inputs[2]
-        zeros = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+        bias = inputs[-1] if params.get("bias") else None       # ext: the last input
+        zeros = inputs[3] if len(inputs) > 3 + (bias is not None) and inputs[3] is not None else None
         n_tile = int(params.get("N_tile", scales.shape[0]))
         rows = slice(n_off, n_off + n_tile)
         w = dequant_rows(inputs[1][rows], scales[rows], qdtype, int(params.get("group", K)),
                          zeros[rows] if zeros is not None else None, K)
         y = x @ w.t()
+        if bias is not None:
+            y = y + f32(bias.reshape(-1)[n_off:n_off + n_tile])
     else:
         n_tile = int(params.get("N_tile", inputs[1].shape[0]))
         y = x @ f32(inputs[1][n_off:n_off + n_tile]).t()

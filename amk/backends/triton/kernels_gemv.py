@@ -1,4 +1,4 @@
-"""Triton micro-kernels: GEMV/GEMM tiles (fp and weight-only int8/int4) and DEQUANT.
+"""Triton micro-kernels: GEMV/GEMM tiles (fp and weight-only int8/int4/fp8) and DEQUANT.
 
 Weight layout is torch nn.Linear ``[N, K]``; a tile computes output columns ``[n_off, n_end)``.
 Quantized storage is the seed's: int8 ``[N, K]`` signed; int4 ``uint8 [N, ceil(K/2)]`` with the
@@ -12,8 +12,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Weight modes (constexpr): fp weights, int8 (or any already-unpacked integers), packed int4.
-W_FP, W_INT, W_INT4 = 0, 1, 2
+# Weight modes (constexpr): fp weights, int8 (or any already-unpacked integers), packed int4,
+# fp8 E4M3 (its bytes, decoded here: the interpreter cannot load float8).
+W_FP, W_INT, W_INT4, W_FP8 = 0, 1, 2, 3
 
 
 @triton.jit
@@ -24,6 +25,12 @@ def dequant_block(w_ptr, s_ptr, z_ptr, rows, ks, mask, stride_w, stride_s, group
         byte = tl.load(w_ptr + rows[:, None] * stride_w + (ks[None, :] >> 1), mask=mask, other=0)
         nib = (byte.to(tl.int32) >> ((ks[None, :] & 1) * 4)) & 0xF
         q = nib.to(tl.float32) - 8.0
+    elif MODE == 3:   # E4M3 bits: s eeee mmm = (8 + m) * 2^(e - 10), subnormal m * 2^-9 (exact)
+        b = tl.load(w_ptr + rows[:, None] * stride_w + ks[None, :], mask=mask, other=0).to(tl.int32)
+        e = (b >> 3) & 0xF
+        m = (b & 7).to(tl.float32)
+        q = tl.where(e == 0, m * 0.001953125, (m + 8.0) * tl.math.exp2((e - 10).to(tl.float32)))
+        q = tl.where((b & 0x80) != 0, -q, q)
     else:
         q = tl.load(w_ptr + rows[:, None] * stride_w + ks[None, :], mask=mask, other=0)
         q = q.to(tl.float32)

@@ -25,7 +25,7 @@ from amk.backends.triton import kernels_elementwise as ke
 from amk.backends.triton import kernels_gemv as kg
 from amk.backends.triton import kernels_movement as km
 
-_I8, _I4 = int(DType.I8), int(DType.I4)
+_I8, _I4, _F8 = int(DType.I8), int(DType.I4), int(DType.F8E4M3)
 
 
 def _pow2(n: int, lo: int = 16, hi: int = 1 << 30) -> int:
@@ -148,15 +148,17 @@ def _matmul_tile(inputs, outputs, params):
         raise ValidationError(f"GEMV/GEMM: x has {M} rows but the output {out.numel() // N}")
     n_off = int(params.get("n_off", 0))
     qdtype = int(params.get("qdtype", 0))
-    quantized = qdtype in (_I4, _I8) and len(inputs) >= 3
+    quantized = qdtype in (_I4, _I8, _F8) and len(inputs) >= 3
     w = _dense(inputs[1], "weight")
     if quantized:
         s = _dense(inputs[2], "scales")
-        z = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+        bias = inputs[-1] if params.get("bias") else None        # ext: the last input
+        z = inputs[3] if len(inputs) > 3 + (bias is not None) and inputs[3] is not None else None
         n_tile = int(params.get("N_tile", s.shape[0]))
-        mode = kg.W_INT4 if qdtype == _I4 else kg.W_INT
+        mode = {_I4: kg.W_INT4, _I8: kg.W_INT, _F8: kg.W_FP8}[qdtype]
+        if qdtype == _F8:
+            w = w.view(torch.uint8)                              # its bits: W_FP8 decodes them
         group, n_groups, stride_s = int(params.get("group", Kp)), _cols(s), _cols(s)
-        bias = None
     else:
         s = z = None
         n_tile = int(params.get("N_tile", w.shape[0]))
@@ -191,9 +193,12 @@ def _dequant(inputs, outputs, params):
     n_groups = s.numel() // N
     bn, bk = 16, _pow2(Kp, hi=256)
     grid = (triton.cdiv(N, bn), triton.cdiv(Kp, bk))
+    mode = kg.W_FP8 if qdtype == _F8 else kg.W_INT4 if packed else kg.W_INT
+    if mode == kg.W_FP8:
+        qw = qw.view(torch.uint8)
     kg.dequant_kernel[grid](qw, s, z if z is not None else s, out, N, Kp, _cols(qw), n_groups,
                             int(params.get("group", Kp)), n_groups,
-                            MODE=kg.W_INT4 if packed else kg.W_INT, HAS_ZEROS=z is not None,
+                            MODE=mode, HAS_ZEROS=z is not None,
                             BLOCK_N=bn, BLOCK_K=bk)
 
 

@@ -24,18 +24,20 @@ def assert_cubin(low):
     return cubin
 
 
-@pytest.mark.parametrize("name,cfg,device,bits", [
+@pytest.mark.parametrize("name,cfg,device,fmt", [
     ("tiny-llama f32", TINY_LLAMA, "cpu", None),
     ("tiny-llama bf16", replace(TINY_LLAMA, dtype=torch.bfloat16), "cpu", None),
-    ("tiny-llama int8", TINY_LLAMA, "cpu", 8),
-    ("tiny-llama int4", replace(TINY_LLAMA, dtype=torch.bfloat16), "cpu", 4),
+    ("tiny-llama int8", TINY_LLAMA, "cpu", "int8"),
+    ("tiny-llama int4", replace(TINY_LLAMA, dtype=torch.bfloat16), "cpu", "int4"),
+    ("tiny-llama fp8", replace(TINY_LLAMA, dtype=torch.bfloat16), "cpu", "fp8"),
+    ("tiny qwen2 (biases) int8", replace(TINY_LLAMA, qkv_bias=True, arch="qwen2"), "cpu", "int8"),
     ("smollm2-135m shape", SMOLLM2_SHAPE, "meta", None),
     ("llama-3.2-1b shape", replace(LLAMA_3_2_1B, max_seq=1088), "meta", None),
 ])
-def test_model_decode_steps_compile_for_sm90a(name, cfg, device, bits):
+def test_model_decode_steps_compile_for_sm90a(name, cfg, device, fmt):
     m = random_model(cfg, device=device)
-    if bits is not None:
-        m.quantize(bits=bits, group=32)
+    if fmt is not None:
+        m.quantize(fmt, group=32)
     low = m.lower(backend="cuda")
     assert low.options.target.num_sms >= 100          # shaped for a GPU, not the CPU target
     assert_cubin(low)

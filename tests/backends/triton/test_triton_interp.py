@@ -191,6 +191,32 @@ def test_gemv_weight_only_quantized(int4, zeros):
     assert torch.isnan(y[:, :4]).all() and torch.isnan(y[:, 16:]).all()
 
 
+@pytest.mark.parametrize("zeros", [False, True])
+def test_gemv_quantized_with_a_bias_adds_it_in_the_epilogue(zeros):
+    N, Kd, group = 20, 96, 32
+    qw, s, z, deq = _quantized(N, Kd, group, False, zeros)
+    x, bias = torch.randn(1, Kd), torch.randn(N)
+    ins = [x, qw, s] + ([z] if zeros else []) + [bias]
+    params = {"qdtype": 6, "group": group, "K": Kd, "n_off": 4, "N_tile": 12, "bias": 1}
+    (y,) = run(K.GEMV_TILE, ins, [(1, N)], params)
+    close(y[:, 4:16], (x.double() @ deq[4:16].T + bias[4:16].double()).float(), 1e-4)
+
+
+def test_gemv_fp8_weights():
+    N, Kd, group = 20, 96, 32
+    real = torch.randn(N, Kd) * 50                        # within E4M3's +-448
+    real[:, :8] *= 1e-4                                   # and some subnormals (< 2^-6)
+    q = real.to(torch.float8_e4m3fn)
+    s = torch.rand(N, Kd // group) * 0.01 + 0.001
+    deq = q.double() * s.double().repeat_interleave(group, 1)
+    x = torch.randn(1, Kd)
+    params = {"qdtype": 8, "group": group, "K": Kd, "n_off": 0, "N_tile": N}
+    (y,) = run(K.GEMV_TILE, [x, q, s], [(1, N)], params)
+    close(y, (x.double() @ deq.T).float(), 1e-4)
+    (w,) = run(K.DEQUANT, [q, s], [(N, Kd)], {"qdtype": 8, "group": group, "K": Kd})
+    close(w, deq.float())
+
+
 @pytest.mark.parametrize("int4", [False, True])
 def test_dequant(int4):
     N, Kd, group = 8, 64, 16

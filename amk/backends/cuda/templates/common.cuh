@@ -15,6 +15,13 @@ __device__ __forceinline__ float to_f(f16 v) {
 }
 __device__ __forceinline__ float to_f(int v) { return (float)v; }
 __device__ __forceinline__ float to_f(long long v) { return (float)v; }
+// An E4M3 byte (s eeee mmm, bias 7, no infinities) as fp32, exactly: normal (1 + m/8) 2^(e-7)
+// is the fp32 with exponent e + 120 and mantissa m << 20; subnormal m 2^-9.
+__device__ __forceinline__ float fp8e4m3_to_f(unsigned b) {
+  const unsigned e = (b >> 3) & 15u, m = b & 7u;
+  const float v = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+  return (b & 0x80u) ? -v : v;
+}
 __device__ __forceinline__ float to_f(signed char v) { return (float)v; }
 __device__ __forceinline__ float to_f(unsigned char v) { return (float)v; }
 

@@ -1,9 +1,11 @@
 // GEMV / GEMM tile: y[:, n_off:n_off+n_tile] = x[M, K] @ W[n_off:n_off+n_tile, :K].T (+ bias),
-// float weights or weight-only int8 / packed int4 with group scales (+ zeros), seed layout.
+// float weights or weight-only int8 / packed int4 / fp8 E4M3 with group scales (+ zeros), seed
+// layout; a quantized GEMV's bias is its last input (encoders.py: BIAS_AT).
 // x is staged once in shared memory as fp32 (unless XS_READY: a fused norm wrote it there);
 // each warp streams RPW weight rows with 16-byte loads, U vectors per row in flight per lane.
 
-template <int QMODE, class TW> struct GemvVec { static constexpr int N = QMODE == 0 ? VecN<TW>::N : (QMODE == 1 ? 16 : 32); };
+// QMODE: 0 float weights, 1 int8, 2 packed int4, 3 fp8 E4M3 (one byte a weight, like int8).
+template <int QMODE, class TW> struct GemvVec { static constexpr int N = QMODE == 0 ? VecN<TW>::N : (QMODE == 2 ? 32 : 16); };
 
 // One 16-byte weight vector -> VW raw values (before scale / zero).
 template <int QMODE, class TW>
@@ -13,6 +15,9 @@ __device__ __forceinline__ void gemv_unpack(uint4 v, float* o) {
   if (QMODE == 1) {
 #pragma unroll
     for (int i = 0; i < 16; i++) o[i] = (float)(signed char)((w[i >> 2] >> (8 * (i & 3))) & 0xffu);
+  } else if (QMODE == 3) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i] = fp8e4m3_to_f((w[i >> 2] >> (8 * (i & 3))) & 0xffu);
   } else {
 #pragma unroll
     for (int i = 0; i < 32; i++) o[i] = (float)((w[i >> 3] >> (4 * (i & 7))) & 15u) - 8.0f;
@@ -23,6 +28,7 @@ template <int QMODE, class TW>
 __device__ __forceinline__ float gemv_scalar(const TW* W, long long row, long long ldw, int k) {
   if (QMODE == 0) return to_f(W[row * ldw + k]);
   if (QMODE == 1) return (float)((const signed char*)W)[row * ldw + k];
+  if (QMODE == 3) return fp8e4m3_to_f(((const unsigned char*)W)[row * ldw + k]);
   unsigned byte = ((const unsigned char*)W)[row * ldw + (k >> 1)];
   return (float)(((k & 1) ? byte >> 4 : byte) & 15u) - 8.0f;
 }
@@ -59,6 +65,7 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   const TX* x = (const TX*)P[0];
   const TW* W = (const TW*)P[1];
   const TS* aux = (const TS*)P[d.n_in > 2 ? 2 : 1];       // bias (float) or scales (quantized)
+  const TS* bias = (const TS*)P[d.ip[P_GEMV_BIAS_AT]];     // the bias input (BIAS)
   const TZ* zr = (const TZ*)P[d.n_in > 3 ? 3 : 1];
   TY* y = (TY*)P[d.n_in];
   const TR* res = (const TR*)P[d.n_in - 1];
@@ -159,7 +166,7 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
           float s = warp_sum(acc[r][m]);
           if (lane == 0 && rb + r < n_tile && m < mc) {
             const long long col = n_off + rb + r;
-            if (BIAS) s += to_f(aux[col]);
+            if (BIAS) s += to_f(bias[col]);
             if (ADD) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + to_f(res[col]));
             else y[(long long)(m0 + m) * N + col] = from_f<TY>(s);
           }

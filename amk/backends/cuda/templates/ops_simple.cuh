@@ -292,7 +292,8 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
   for (long long i = threadIdx.x; i < N * Kd; i += NT) {
     long long n = i / Kd; int k = (int)(i - n * Kd);
     float qv;
-    if (packed) { unsigned byte = ((const unsigned char*)q)[n * ldq + (k >> 1)]; qv = (float)((k & 1 ? byte >> 4 : byte) & 15u) - 8.0f; }
+    if (packed == 1) { unsigned byte = ((const unsigned char*)q)[n * ldq + (k >> 1)]; qv = (float)((k & 1 ? byte >> 4 : byte) & 15u) - 8.0f; }
+    else if (packed == 2) qv = fp8e4m3_to_f(((const unsigned char*)q)[n * ldq + k]);   // fp8 E4M3
     else qv = to_f(q[n * ldq + k]);
     int g = k / group; if (g > ng - 1) g = ng - 1;
     if (ZEROS) qv = qv - to_f(z[n * ng + g]);
