@@ -135,6 +135,16 @@ class TraceContext:
         return [Tracer(v, self) for v in outs]
 
 
+def _dtype_of(leaf, path: str, fn_name: str) -> DType:
+    try:
+        return DType.of(leaf.dtype)
+    except TypeError:
+        hint = " (cast it: .float() or .to(torch.bfloat16))" if leaf.dtype == torch.float64 else ""
+        raise TraceError(f"{fn_name}: argument {path} has dtype {leaf.dtype}, which AMK does not "
+                         f"run{hint}; floats are float32/float16/bfloat16, ids and positions "
+                         f"int32") from None
+
+
 def trace(fn: Callable, args: Sequence[Any], arg_names: Sequence[str],
           arg_kinds: Sequence[BufferKind], name: str = "fn") -> tuple[Graph, Any]:
     """Trace fn(*args) where each argument is a pytree of tensors (or Avals).
@@ -150,7 +160,7 @@ def trace(fn: Callable, args: Sequence[Any], arg_names: Sequence[str],
         leaves, paths, td = pytree.flatten(a, an, is_leaf=lambda x: isinstance(x, Aval))
         tracers = []
         for leaf, p in zip(leaves, paths):
-            aval = leaf if isinstance(leaf, Aval) else Aval(tuple(leaf.shape), DType.of(leaf.dtype))
+            aval = leaf if isinstance(leaf, Aval) else Aval(tuple(leaf.shape), _dtype_of(leaf, p, name))
             v = ctx.new_var(aval)
             in_vars.append(v)
             in_paths.append(p)

@@ -116,6 +116,11 @@ class Model:
             ids = ids[None]
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise TraceError(f"generate: input_ids must be [T] or [B, T] with T >= 1, got {tuple(ids.shape)}")
+        bad = (ids < 0) | (ids >= self.config.vocab)
+        if bool(bad.any()):
+            raise TraceError(f"generate: argument 'input_ids' holds token id {int(ids[bad][0])}, "
+                             f"outside the model's vocabulary [0, {self.config.vocab}) "
+                             f"(amk.ops.embed's 'ids')")
         return ids
 
     def generate(self, input_ids, max_new_tokens: int = 32, backend: str | None = None,
@@ -130,9 +135,13 @@ class Model:
         """
         ids = self._prompt_ids(input_ids)
         batch, t_prompt = ids.shape
-        if t_prompt + max_new_tokens > self.config.max_seq:
-            raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens exceeds "
-                             f"max_seq {self.config.max_seq}; build the model with a larger max_seq")
+        if max_new_tokens < 0:
+            raise TraceError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        # the last new token is sampled, never fed back: positions 0 .. T + new - 2 are cached
+        if t_prompt + max_new_tokens - 1 > self.config.max_seq:
+            raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens needs "
+                             f"{t_prompt + max_new_tokens - 1} cache rows, more than max_seq "
+                             f"{self.config.max_seq}; build the model with a larger max_seq")
         step = self.jit(backend)
         kv = self.new_kv(batch)
         ids = ids.t().contiguous().to(self.device)  # [T, B]: each position's tokens contiguous

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from amk.errors import ValidationError
+from amk.errors import TraceError, ValidationError
 from amk.program.ir import DType, InstructionKind
 
 from amk.backends.reference.semantics_attention import (
@@ -145,6 +145,12 @@ def op_layernorm(inputs, outputs, params, ctx):
 def op_embed(inputs, outputs, params, ctx):
     """out[B, H] = table[ids]; inputs = [ids i32[B], table[V, H]]."""
     ids = inputs[0].reshape(-1).to(torch.long)
+    vocab = inputs[1].shape[0]
+    bad = (ids < 0) | (ids >= vocab)
+    if bool(bad.any()):
+        raise TraceError(f"EMBED (amk.ops.embed): argument 'ids' holds token id "
+                         f"{int(ids[bad][0])}, outside the table's {vocab} rows; token ids must "
+                         f"be in [0, {vocab})")
     rows = inputs[1].index_select(0, ids)
     out = outputs[0]
     out.copy_(rows.to(out.dtype).reshape(out.shape))
