@@ -31,6 +31,7 @@ def overlaps(a: Region, b: Region) -> bool:
 # inputs of the output's width (listed by position); "whole" = everything. Attention ops are special.
 _TILED_INPUTS: dict[K, tuple[int, ...]] = {
     K.COPY: (0,), K.ROPE: (0,), K.SILU_MUL: (0, 1), K.GELU: (0,), K.ADD: (0, 1), K.MUL: (0, 1),
+    K.SOFTCAP: (0,),
 }
 _GEMV = (K.GEMV_TILE, K.GEMM_TILE)        # read x and weights whole, write the tile's columns
 _ATTENTION = (K.ATTENTION_TILE, K.ATTENTION_COMBINE)
@@ -103,6 +104,13 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
                 reads += _cols(b, *in_cols, width) if per_head else _whole(b, width)
         for o in outs:
             writes += _cols(o, *out_cols, width) if out_cols else _whole(o, width)
+    elif op is K.COPY and "x_off" in params:
+        # a column move (slice / concat): columns [x_off, x_off + w) of x -> the output's tile
+        lo, hi = _tile_range(params, out_width) or (0, out_width or 0)
+        x_off = int(params["x_off"])
+        reads += _cols(ins[0], x_off, x_off + hi - lo, width)
+        for o in outs:
+            writes += _cols(o, lo, hi, width)
     elif op in _TILED_INPUTS:
         tile = _tile_range(params, out_width)
         tiled = _TILED_INPUTS[op]

@@ -68,7 +68,10 @@ def attention_tile(inputs, outputs, params, ctx):
     lo = int(params.get("kv_start", 0))
     hi = min(max_seq, lo + int(params.get("kv_len", max_seq - lo)))
     if len(inputs) > 3 and inputs[3] is not None:              # ext: clamp by the runtime pos
-        hi = min(hi, host_int(inputs[3], ctx) + 1)
+        p_now = host_int(inputs[3], ctx)
+        hi = min(hi, p_now + 1)
+        if int(params.get("window", 0)) > 0:                    # ext: a sliding window
+            lo = max(lo, p_now + 1 - int(params["window"]))
     hi = max(hi, lo)
 
     qg = f32(q[:, h_off:h_off + hc]).reshape(B, g1 - g0, rep, hd)     # [B, G, rep, hd]
@@ -81,6 +84,9 @@ def attention_tile(inputs, outputs, params, ctx):
                 row = new.reshape(B, n_kv, hd).to(cache.dtype)[:, g0:g1]
                 w[:, :, p - lo] = f32(row)
     scores = (qg @ kw.transpose(-1, -2)) * scale                      # [B, G, rep, L]
+    cap = float(params.get("softcap", 0.0))
+    if cap > 0:                                                       # ext: Gemma 2's soft-cap
+        scores = torch.tanh(scores / cap) * cap
 
     out = outputs[0]
     if int(params.get("flags", 0)) & PARTIAL_WRITE:
