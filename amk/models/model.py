@@ -13,13 +13,18 @@ from amk.errors import TraceError
 from amk.models.llama import DecoderConfig, make_decode_step
 
 
+def _step_for(config: DecoderConfig):
+    from amk.models.decoder import FamilyConfig, make_decode_step as make_family_step
+    return make_family_step(config) if isinstance(config, FamilyConfig) else make_decode_step(config)
+
+
 class Model:
     def __init__(self, config: DecoderConfig, params: dict, tokenizer=None, hf_config=None):
         self.config = config
         self.params = params
         self.tokenizer = tokenizer
         self.hf_config = hf_config
-        self.fn = make_decode_step(config)
+        self.fn = _step_for(config)
         self._steps: dict = {}
 
     def __repr__(self) -> str:
@@ -47,7 +52,7 @@ class Model:
             if isinstance(x, torch.Tensor):
                 return move(x)
             if isinstance(x, dict):
-                return {k: move(v, True) if k == "inv_freq" else walk(v) for k, v in x.items()}
+                return {k: move(v, True) if k.startswith("inv_freq") else walk(v) for k, v in x.items()}
             if isinstance(x, (list, tuple)):
                 return type(x)(walk(v) for v in x)
             return x   # e.g. an amk.QuantizedWeight: left to its owner
