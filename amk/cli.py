@@ -60,9 +60,7 @@ def load_model(name: str, max_seq: int, device: str = "cpu"):
         raise TraceError(f"unknown model {name!r}: use {', '.join(sorted(models.gguf.KNOWN))}, a "
                          f".gguf file, a transformers model directory, or a random-weight preset "
                          f"({', '.join(sorted(presets.PRESETS))})")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    hf = AutoModelForCausalLM.from_pretrained(name)
-    return models.from_hf(hf, max_seq=max_seq, tokenizer=AutoTokenizer.from_pretrained(name))
+    return models.from_pretrained(name, max_seq=max_seq)     # config.json + *.safetensors
 
 
 def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
