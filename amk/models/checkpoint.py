@@ -63,11 +63,11 @@ class CheckpointModel(CheckpointModule):
     """What from_hf reads from a transformers *ForCausalLM: .config, .parameters(), the weights
     by path, and model.rotary_emb."""
 
-    def __init__(self, config, tensors: dict[str, torch.Tensor]):
+    def __init__(self, config, tensors: dict[str, torch.Tensor], rotary=None):
         super().__init__(tensors)
         self.__dict__["config"] = config
         self.__dict__["extra"] = {}
-        rotary = _rotary_module(config)
+        rotary = _rotary_module(config) if rotary is None else rotary
         if rotary is not None:
             self.__dict__["extra"]["model"] = _With(self._child("model"), rotary_emb=rotary)
 
