@@ -93,7 +93,11 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # (lower._k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
     # from THETA. NEW_KV: cache row pos is read from k_new, v_new (P[4], P[5])
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
-             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE"),
+             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE",
+             "WINDOW"),                  # WINDOW > 0: rows (pos - WINDOW, pos] only (sliding window)
+    # op_ewx (templates/ops_models.cuh): unary ops and COPY's column move; x read at
+    # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
+    "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),
     "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
     "EMBED": ("B", "H", "V", "IDS64"),
     # ROPE_HD > 0: the new rows are rotated here (lower._rope_into_append), inverse frequencies
@@ -105,9 +109,12 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "RED": ("N",),
 }
 FP_SLOTS: dict[str, tuple[str, ...]] = {
-    "EW": ("SCALE",), "NORM": ("EPS",), "GEMV": ("EPS",), "ROPE": ("THETA",), "ATTN": ("SCALE", "THETA"), "KV": ("THETA",),
+    "EW": ("SCALE",), "NORM": ("EPS",), "GEMV": ("EPS",), "ROPE": ("THETA",), "KV": ("THETA",),
+    "ATTN": ("SCALE", "THETA", "SOFTCAP"),       # SOFTCAP > 0: scores -> SOFTCAP tanh(s / SOFTCAP)
+    "EWX": ("CAP",),
 }
 EW_KINDS = ("COPY", "ADD", "MUL", "MULS", "SILU_MUL", "GELU")
+EWX_KINDS = ("COPY_COLS", "SOFTCAP", "GELU_TANH")      # op_ewx's kinds
 
 for _g, _names in IP_SLOTS.items():
     assert len(_names) <= N_IP, _g
@@ -136,6 +143,7 @@ def render_header() -> str:
     out += [f"#define OP_{k.name} {int(k)}\n" for k in InstructionKind]
     out += [f"#define DT_{d.name} {int(d)}\n" for d in DType]
     out += [f"#define EW_{k} {i}\n" for i, k in enumerate(EW_KINDS)]
+    out += [f"#define EWX_{k} {i}\n" for i, k in enumerate(EWX_KINDS)]
     out += [f"#define FAULT_DEADLOCK {FAULT_DEADLOCK}\n", f"#define FAULT_KV_POS {FAULT_KV_POS}\n",
             f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_STREAM {FAULT_STREAM}\n",
             f"#define AMK_INLINE_WAITS {INLINE_WAITS}\n"]

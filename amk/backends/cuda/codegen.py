@@ -19,7 +19,7 @@ from amk.backends.cuda.smem import PRE_OFF, RING_BYTES, RING_OFF, STREAM_WIN, WI
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
-TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "gemv.cuh", "gemv_pipe.cuh", "attention.cuh",
+TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "ops_models.cuh", "gemv.cuh", "gemv_pipe.cuh", "attention.cuh",
                   "scheduler.cu")
 MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
 

@@ -19,7 +19,7 @@ from amk import knobs
 from amk.errors import CompileError
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
 from amk.program.regions import NEW_KV
-from amk.backends.cuda import abi
+from amk.backends.cuda import abi, encode_models
 from amk.backends.cuda.smem import XS_MAX, launch_shape
 
 # C++ type of each buffer dtype in the templates (bf16/f16 are freestanding bit structs).
@@ -143,6 +143,9 @@ _EW = {K.COPY: "COPY", K.ADD: "ADD", K.MUL: "MUL", K.SILU_MUL: "SILU_MUL", K.GEL
 
 
 def _enc_elementwise(t, op, ins, outs, p) -> Encoded:
+    if encode_models.is_ewx(op, p):          # issue 25's ops: op_ewx (encode_models.py)
+        return encode_models.enc_ewx(t, op, ins, outs, p, Encoded=Encoded, fail=_fail, ctype=_ct,
+                                     col_range=_col_range, bcast=_bcast)
     out = outs[0]
     kind = _EW[op]
     n_args = {"COPY": 1, "GELU": 1, "ADD": 2, "SILU_MUL": 2, "MUL": 2}[kind]
@@ -462,7 +465,9 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
                      f"[{B}, {nkv}*{hd}]")
         tn = _ft(t, ins[4].dtype)
     # K/V rows staged in smem by 16-byte cp.async where rows are whole 16-byte vectors
-    staged = (hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
+    # (a sliding window starts at a run-time row: the staged kernel prefetches from kv_start)
+    staged = ((hd * kc.esize) % 16 == 0 and (hd * vc.esize) % 16 == 0 and _attn_smem_on()
+              and not int(p.get("window", 0)))
     types = f"{_ft(t, q.dtype)}, {_ft(t, kc.dtype)}, {_ft(t, vc.dtype)}, {_ft(t, out.dtype)}, {tn}"
     hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
     call = (f"op_attention_smem<{types}, float, {hg}, {hd}>(AMK_ARGS)" if staged
@@ -471,8 +476,11 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
                 H_COUNT=hc, B=B, MAX_SEQ=max_seq,
                 POS64=_int_input(t, ins[3], "attention pos") if has_pos else 0,
-                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv))
-    e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)))
+                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv),
+                WINDOW=int(p.get("window", 0)))
+    if e.ip["WINDOW"] and not has_pos:
+        _fail(t, "a sliding window needs the runtime pos input")
+    e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)), SOFTCAP=float(p.get("softcap", 0.0)))
     return e
 
 
@@ -564,7 +572,7 @@ def _enc_dequant(t, op, ins, outs, p) -> Encoded:
 
 ENCODERS = {
     K.COPY: _enc_elementwise, K.ADD: _enc_elementwise, K.MUL: _enc_elementwise,
-    K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise,
+    K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise, K.SOFTCAP: _enc_elementwise,
     K.ALLREDUCE_SHARD: _enc_allreduce,
     K.GEMV_TILE: _enc_gemv, K.GEMM_TILE: _enc_gemv,
     K.RMSNORM: _enc_norm, K.LAYERNORM: _enc_norm,

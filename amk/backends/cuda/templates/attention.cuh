@@ -29,7 +29,12 @@ __device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, l
   lo = d.ip[P_ATTN_KV_START];
   hi = lo + d.ip[P_ATTN_KV_LEN];
   if (hi > d.ip[P_ATTN_MAX_SEQ]) hi = d.ip[P_ATTN_MAX_SEQ];
-  if (d.ip[P_ATTN_HAS_POS]) { long long p = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > p + 1) hi = p + 1; }
+  if (d.ip[P_ATTN_HAS_POS]) {
+    const long long p = read_int(P[3], d.ip[P_ATTN_POS64]);
+    if (hi > p + 1) hi = p + 1;
+    const int win = d.ip[P_ATTN_WINDOW];                 // sliding window: rows (p - win, p]
+    if (win > 0 && lo < p + 1 - win) lo = p + 1 - win;
+  }
   if (hi < lo) hi = lo;
 }
 
@@ -37,10 +42,14 @@ __device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, l
 // into probabilities against the running max, written to pout[i * pi + w * pj] (in place:
 // pout = sc, pi = 1, pj = stride), and updates m_run, l_run and alpha (the factor the head's
 // P·V sums so far are scaled by).
+// cap > 0 (Gemma 2): the scores become cap * tanh(s / cap) first.
 __device__ __forceinline__ void attn_softmax(float* sc, int stride, int cn, int nhs, float* m_run,
-                                             float* l_run, float* alpha, float* pout, int pi, int pj) {
+                                             float* l_run, float* alpha, float* pout, int pi, int pj,
+                                             float cap) {
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
   if (w >= nhs) return;
+  if (cap > 0.f)
+    for (int i = lane; i < cn; i += 32) sc[w * stride + i] = tanhf(sc[w * stride + i] / cap) * cap;
   float mc = -__int_as_float(0x7f800000);
   for (int i = lane; i < cn; i += 32) mc = fmaxf(mc, sc[w * stride + i]);
   mc = warp_max(mc);
@@ -157,7 +166,7 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
             for (int j = 0; j < HG; j++) if (j < nhs) sc[j * NT + tid] = s[j] * scale;
           }
           __syncthreads();
-          attn_softmax(sc, NT, cn, nhs, m_run, l_run, alpha, sc, 1, NT);
+          attn_softmax(sc, NT, cn, nhs, m_run, l_run, alpha, sc, 1, NT, d.fp[F_ATTN_SOFTCAP]);
           __syncthreads();
           if (pg < PG) {
 #pragma unroll
@@ -384,7 +393,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           }
           __syncthreads();
           AMK_MARK(4);
-          attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1);
+          attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1, d.fp[F_ATTN_SOFTCAP]);
           cp_async_wait<0>();                                // V
           __syncthreads();
           AMK_MARK(5);
