@@ -69,6 +69,26 @@ def max_seq_for(hf_config, max_seq: int | None, positions_attr: str = "max_posit
     return int(max_seq)
 
 
+def llama_like_config(hf_model, arch: str, max_seq: int | None, dtype: torch.dtype, **extra) -> FamilyConfig:
+    """The FamilyConfig fields every Llama-shaped family shares (Phi-3, OLMo 2): silu MLP,
+    RMSNorm, heads, rope from transformers' rotary module (its attention scaling folded into
+    the softmax scale, as hf.from_hf does); `extra` sets the family's switches."""
+    from amk.models.hf import _rope_info, _rotary
+    c = hf_model.config
+    if c.hidden_act != "silu":
+        raise TraceError(f"from_hf({arch}): hidden_act={c.hidden_act!r}; only silu is supported")
+    nh = c.num_attention_heads
+    hd = getattr(c, "head_dim", None) or c.hidden_size // nh
+    scaling = float(getattr(_rotary(hf_model), "attention_scaling", 1.0))
+    return FamilyConfig(
+        vocab=c.vocab_size, hidden=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=nh,
+        n_kv_heads=c.num_key_value_heads or nh, head_dim=hd, ffn=c.intermediate_size,
+        rms_eps=float(c.rms_norm_eps), rope_source=f"hf:{_rope_info(c)[0]}",
+        attn_scale=None if scaling == 1.0 else scaling * scaling / hd ** 0.5,
+        tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        max_seq=max_seq_for(c, max_seq), dtype=dtype, arch=arch, **extra)
+
+
 def llama_family_with_windows(hf_model, max_seq: int | None, dtype, tokenizer) -> Model:
     """Mistral / Qwen2 / Qwen3 / Llama whose sliding window is narrower than the cache: the
     Llama step's weights and config, plus per-layer windows."""

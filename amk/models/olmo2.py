@@ -6,31 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from amk.errors import TraceError
-from amk.models.decoder import FamilyConfig
-from amk.models.families import Weights, max_seq_for
+from amk.models.families import Weights, llama_like_config
 
 
 def from_hf_olmo2(hf_model, max_seq: int | None, dtype: torch.dtype):
-    from amk.models.hf import _rope_info, _rotary
+    from amk.models.hf import _rotary
     c = hf_model.config
-    if c.hidden_act != "silu":
-        raise TraceError(f"from_hf(olmo2): hidden_act={c.hidden_act!r}; only silu is supported")
-    max_seq = max_seq_for(c, max_seq)
-    rope_type, _, _ = _rope_info(c)
-    nh = c.num_attention_heads
-    nkv = c.num_key_value_heads or nh
-    hd = getattr(c, "head_dim", None) or c.hidden_size // nh
+    bias = bool(getattr(c, "attention_bias", False))
+    cfg = llama_like_config(hf_model, "olmo2", max_seq, dtype, qkv_bias=bias, o_bias=bias,
+                            qk_norm=True, pre_norms=False, post_norms=True)
     rot = _rotary(hf_model)
-    scaling = float(getattr(rot, "attention_scaling", 1.0))
-    cfg = FamilyConfig(
-        vocab=c.vocab_size, hidden=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=nh,
-        n_kv_heads=nkv, head_dim=hd, ffn=c.intermediate_size, rms_eps=float(c.rms_norm_eps),
-        rope_source=f"hf:{rope_type}",
-        attn_scale=None if scaling == 1.0 else scaling * scaling / hd ** 0.5,
-        tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
-        qkv_bias=bool(getattr(c, "attention_bias", False)), o_bias=bool(getattr(c, "attention_bias", False)),
-        qk_norm=True, max_seq=max_seq, dtype=dtype, arch="olmo2", pre_norms=False, post_norms=True)
     w = Weights(hf_model, dtype)
     layers = []
     for i in range(c.num_hidden_layers):

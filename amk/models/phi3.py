@@ -8,38 +8,27 @@ cache within their original length); a sliding_window narrower than the cache is
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from amk.errors import TraceError
-from amk.models.decoder import FamilyConfig
-from amk.models.families import Weights, layer_windows, max_seq_for
+from amk.models.families import Weights, layer_windows, llama_like_config
 
 
 def from_hf_phi3(hf_model, max_seq: int | None, dtype: torch.dtype):
     from amk.models.hf import LENGTH_DEPENDENT_ROPE, _rope_info, _rotary
     c = hf_model.config
-    if c.hidden_act != "silu":
-        raise TraceError(f"from_hf(phi3): hidden_act={c.hidden_act!r}; only silu is supported")
-    max_seq = max_seq_for(c, max_seq)
+    cfg = llama_like_config(hf_model, "phi3", max_seq, dtype)
+    cfg = dataclasses.replace(cfg, windows=layer_windows(c, cfg.n_layers, cfg.max_seq))
     rope_type, _, rp = _rope_info(c)
     orig = getattr(c, "original_max_position_embeddings", None) or c.max_position_embeddings
-    if rope_type in LENGTH_DEPENDENT_ROPE and max_seq > orig:
+    if rope_type in LENGTH_DEPENDENT_ROPE and cfg.max_seq > orig:
         raise TraceError(f"from_hf(phi3): rope_type {rope_type!r} changes its frequencies past "
                          f"{orig} positions; pass max_seq <= {orig}")
     if float(rp.get("partial_rotary_factor", 1.0)) != 1.0:
         raise TraceError("from_hf(phi3): partial_rotary_factor != 1 is not supported")
-    nh = c.num_attention_heads
-    nkv = c.num_key_value_heads or nh
-    hd = getattr(c, "head_dim", None) or c.hidden_size // nh
-    rot = _rotary(hf_model)
-    scaling = float(getattr(rot, "attention_scaling", 1.0))
-    cfg = FamilyConfig(
-        vocab=c.vocab_size, hidden=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=nh,
-        n_kv_heads=nkv, head_dim=hd, ffn=c.intermediate_size, rms_eps=float(c.rms_norm_eps),
-        rope_source=f"hf:{rope_type}",
-        attn_scale=None if scaling == 1.0 else scaling * scaling / hd ** 0.5,
-        tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)), max_seq=max_seq,
-        dtype=dtype, arch="phi3", windows=layer_windows(c, c.num_hidden_layers, max_seq))
+    nh, nkv, hd, rot = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, _rotary(hf_model)
     w = Weights(hf_model, dtype)
     q_rows, kv_rows, ffn = nh * hd, nkv * hd, c.intermediate_size
     layers = []

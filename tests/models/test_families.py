@@ -8,6 +8,7 @@ transformers = pytest.importorskip("transformers")
 
 from amk.models import from_hf  # noqa: E402
 from amk.models.decoder import FamilyConfig  # noqa: E402
+from test_models import hf_greedy  # noqa: E402   (one greedy-generate helper for both)
 
 VOCAB, PROMPT, NEW = 97, 5, 14         # 18 positions: every window below is shorter
 SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -53,14 +54,6 @@ def tiny_hf(config, seed=0):
                 p.copy_(0.2 * torch.randn_like(p))
     model.generation_config.eos_token_id = None
     return model
-
-
-def hf_greedy(model, ids, new):
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                             do_sample=False, pad_token_id=0, output_logits=True,
-                             return_dict_in_generate=True)
-    return out.sequences[:, ids.shape[1]:].tolist(), [l.float() for l in out.logits]
 
 
 @pytest.mark.parametrize("case", list(cases()))
