@@ -66,7 +66,8 @@ def _check_sliding_window(hf_config, arch: str, max_seq: int) -> None:
         return
     if arch in ("qwen2", "qwen3"):
         layer_types = getattr(hf_config, "layer_types", None) or []
-        uses = getattr(hf_config, "use_sliding_window", False) or "sliding_attention" in layer_types
+        uses = ("sliding_attention" in layer_types if layer_types   # layer_types decides when given
+                else getattr(hf_config, "use_sliding_window", False))
         if not uses:
             return
     raise TraceError(f"from_hf: {arch} uses a sliding window of {window} tokens but max_seq={max_seq}; "
