@@ -41,7 +41,8 @@ def test_float64_weight_names_the_argument():
     m = tiny_model()
     params, token, pos, kv = m.example_args()
     params = {**params, "norm": params["norm"].double()}
-    with pytest.raises(TraceError, match=r"params\.norm has dtype torch.float64.*\.float\(\)"):
+    with pytest.raises(TraceError, match=r"params\.norm has dtype torch.float64 \(read by "
+                                         r"amk.ops.rmsnorm at .*llama.py:\d+\).*\.float\(\)"):
         m.jit("reference")(params, token, pos, kv)
 
 
