@@ -60,9 +60,7 @@ def load_model(name: str, max_seq: int, device: str = "cpu"):
         raise TraceError(f"unknown model {name!r}: use {', '.join(sorted(models.gguf.KNOWN))}, a "
                          f".gguf file, a transformers model directory, or a random-weight preset "
                          f"({', '.join(sorted(presets.PRESETS))})")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    hf = AutoModelForCausalLM.from_pretrained(name)
-    return models.from_hf(hf, max_seq=max_seq, tokenizer=AutoTokenizer.from_pretrained(name))
+    return models.from_pretrained(name, max_seq=max_seq)     # config.json + *.safetensors
 
 
 def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
@@ -155,47 +153,75 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _int_at_least(lo: int):
+    """argparse type: an int >= lo (a clear usage error instead of a silent default or a crash)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
+def _model_help() -> str:
+    from amk.models import presets
+    from amk.models.gguf import KNOWN
+    return (f"a bundled model ({', '.join(sorted(KNOWN))}), a .gguf file, a checkpoint folder "
+            f"(config.json + *.safetensors), or a random-weight preset "
+            f"({', '.join(sorted(presets.PRESETS))})")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="amk", description="AMK: a model's decode step as one megakernel")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = argparse.ArgumentParser(prog="amk", description="AMK: a model's decode step as one megakernel",
+                                formatter_class=fmt)
     sub = p.add_subparsers(dest="cmd", required=True)
+    positive, non_negative = _int_at_least(1), _int_at_least(0)
 
     def model_args(sp, max_seq=2048):
-        sp.add_argument("--model", default="smollm2-135m",
-                        help="smollm2-135m, a .gguf file, or a transformers model directory")
+        sp.add_argument("--model", default="smollm2-135m", help=_model_help())
         sp.add_argument("--backend", choices=["reference", "cuda", "triton"], default=None,
                         help="default: cuda with a GPU, else reference (AMK_BACKEND overrides)")
-        sp.add_argument("--max-seq", type=int, default=max_seq, help="KV cache length")
+        sp.add_argument("--max-seq", type=positive, default=max_seq, help="KV cache length")
         sp.add_argument("--device", default="auto", help="auto: cuda for cuda/triton with a GPU, else cpu")
         sp.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                         help="weight and activation dtype (auto: as loaded, float32 for GGUF)")
 
-    g = sub.add_parser("generate", help="greedy generation through the compiled decode step")
+    g = sub.add_parser("generate", help="greedy generation through the compiled decode step",
+                       formatter_class=fmt)
     model_args(g, max_seq=512)
-    g.add_argument("--prompt", default="The capital of France is")
-    g.add_argument("--max-new-tokens", type=int, default=16)
+    g.add_argument("--prompt", default="The capital of France is", help="the text to continue")
+    g.add_argument("--max-new-tokens", type=positive, default=16, help="tokens to generate")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--no-prompt", action="store_true", help="print only the continuation")
     g.set_defaults(fn=cmd_generate)
 
-    i = sub.add_parser("ir", help="dump the graph and every pass's program text")
+    i = sub.add_parser("ir", help="dump the graph and every pass's program text", formatter_class=fmt)
     model_args(i, max_seq=512)
     i.add_argument("--dump", required=True, metavar="DIR")
     i.add_argument("--stats", action="store_true", help="print graph/program sizes and pass timings")
     i.set_defaults(fn=cmd_ir)
 
-    b = sub.add_parser("bench", help="time one decode step of a model (full comparison: bench/decode.py)")
+    b = sub.add_parser("bench", help="time one decode step of a model (full comparison: bench/decode.py)",
+                       formatter_class=fmt)
     model_args(b)
-    b.add_argument("--context", type=int, default=0)
-    b.add_argument("--iters", type=int, default=20)
-    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--context", type=non_negative, default=0, help="decode position timed")
+    b.add_argument("--iters", type=positive, default=20, help="timed steps")
+    b.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first")
     b.set_defaults(fn=cmd_bench)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from amk.cpu_threads import apply_default
     from amk.errors import AmkError
+    apply_default()          # the CPU reference's small ops: do not oversubscribe the cores
     try:
         return args.fn(args)
     except AmkError as e:

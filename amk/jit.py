@@ -202,8 +202,15 @@ class Jitted:
         return low, exe, dict(zip(paths, leaves))
 
     def __call__(self, *args, **kwargs):
-        low, exe, bindings = self._executable(*self._prepare(args, kwargs))
-        outs = exe.run(bindings)
+        low, key, leaves, paths, device, backend = self._prepare(args, kwargs)
+        low, exe, bindings = self._executable(low, key, leaves, paths, device, backend)
+        try:
+            outs = exe.run(bindings)
+        except BaseException:
+            # A failed run may leave a backend's counters mid-step: drop the executable so the
+            # next call builds a fresh one from the (still valid) compiled program.
+            self._executables.pop((key, device), None)
+            raise
         outs = [o if tuple(o.shape) == v.aval.shape else o.view(v.aval.shape)
                 for o, v in zip(outs, low.graph.outputs)]
         return pytree.unflatten(low.out_treedef, outs)

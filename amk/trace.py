@@ -135,6 +135,30 @@ class TraceContext:
         return [Tracer(v, self) for v in outs]
 
 
+def _dtype_or_none(dt) -> DType | None:
+    try:
+        return DType.of(dt)
+    except TypeError:
+        return None
+
+
+def _unsupported_dtype(g_eqns, bad: dict, fn_name: str) -> TraceError:
+    """The error for leaves of a dtype AMK has no code for, naming the first op that reads one."""
+    for e in g_eqns:
+        for v in e.inputs:
+            if v.id in bad:
+                path, dt = bad[v.id]
+                return _dtype_error(fn_name, path, dt, f" (read by amk.ops.{e.prim} at {e.src})")
+    path, dt = next(iter(bad.values()))
+    return _dtype_error(fn_name, path, dt, "")
+
+
+def _dtype_error(fn_name: str, path: str, dt, where: str) -> TraceError:
+    hint = " (cast it: .float() or .to(torch.bfloat16))" if dt == torch.float64 else ""
+    return TraceError(f"{fn_name}: argument {path} has dtype {dt}{where}, which AMK does not run"
+                      f"{hint}; floats are float32/float16/bfloat16, ids and positions int32")
+
+
 def trace(fn: Callable, args: Sequence[Any], arg_names: Sequence[str],
           arg_kinds: Sequence[BufferKind], name: str = "fn") -> tuple[Graph, Any]:
     """Trace fn(*args) where each argument is a pytree of tensors (or Avals).
@@ -146,12 +170,16 @@ def trace(fn: Callable, args: Sequence[Any], arg_names: Sequence[str],
     in_paths: list[str] = []
     in_kinds: list[BufferKind] = []
     traced_args = []
+    bad: dict[int, tuple[str, Any]] = {}
     for a, an, kind in zip(args, arg_names, arg_kinds):
         leaves, paths, td = pytree.flatten(a, an, is_leaf=lambda x: isinstance(x, Aval))
         tracers = []
         for leaf, p in zip(leaves, paths):
-            aval = leaf if isinstance(leaf, Aval) else Aval(tuple(leaf.shape), DType.of(leaf.dtype))
-            v = ctx.new_var(aval)
+            dt = leaf.dtype if isinstance(leaf, Aval) else _dtype_or_none(leaf.dtype)
+            # an unsupported dtype is traced as f32 and reported with the op that reads it
+            v = ctx.new_var(leaf if isinstance(leaf, Aval) else Aval(tuple(leaf.shape), dt or DType.F32))
+            if dt is None:
+                bad[v.id] = (p, leaf.dtype)
             in_vars.append(v)
             in_paths.append(p)
             in_kinds.append(kind)
@@ -163,6 +191,8 @@ def trace(fn: Callable, args: Sequence[Any], arg_names: Sequence[str],
         result = fn(*traced_args)
     finally:
         _STACK.pop()
+    if bad:
+        raise _unsupported_dtype(ctx.eqns, bad, name)
 
     out_leaves, out_paths, out_td = pytree.flatten(
         result, "output", is_leaf=lambda x: isinstance(x, Tracer))

@@ -84,13 +84,24 @@ def load_hf_from_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
     return hf_model, tokenizer
 
 
-def load_gguf(path: str | Path, max_seq: int = 2048, dtype: torch.dtype = torch.float32, keep_hf: bool = False):
+def load_gguf(path: str | Path, max_seq: int = 2048, dtype: torch.dtype = torch.float32, keep_hf: bool = False,
+              cache: bool = True):
     """(Model, tokenizer) from a GGUF file. keep_hf=True also keeps the transformers model as
-    `model.hf` (tests compare against it)."""
+    `model.hf` (tests compare against it). With cache (and not keep_hf), the dequantized
+    checkpoint is kept as a safetensors folder under AMK_CACHE_DIR (amk/models/gguf_cache.py):
+    later loads memory-map it instead of parsing the GGUF through transformers again."""
+    from amk.models.gguf_cache import cached_folder, load_folder, save_folder
     from amk.models.hf import from_hf
 
+    if cache and not keep_hf:
+        folder = cached_folder(path, dtype)
+        if folder is not None:
+            model = load_folder(folder, max_seq, dtype)
+            return model, model.tokenizer
     hf_model, tokenizer = load_hf_from_gguf(path, dtype=dtype)
     model = from_hf(hf_model, max_seq=max_seq, dtype=dtype, tokenizer=tokenizer)
+    if cache and not keep_hf:
+        save_folder(path, dtype, hf_model, tokenizer, config=model.config)
     if keep_hf:
         model.hf = hf_model
     return model, tokenizer

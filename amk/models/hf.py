@@ -28,8 +28,8 @@ def config_from_hf(hf_config, max_seq: int | None = None, dtype: torch.dtype | N
     """Translate a transformers config; TraceError for anything this decode step cannot express."""
     arch = getattr(hf_config, "model_type", type(hf_config).__name__)
     if arch not in SUPPORTED:
-        raise TraceError(f"from_hf: model_type {arch!r} is not supported; AMK's decode step covers "
-                         f"{sorted(SUPPORTED)} (Llama-family: RMSNorm, rope, GQA, SwiGLU)")
+        raise TraceError(f"from_hf: model_type {arch!r} is not supported; AMK covers "
+                         f"{sorted(SUPPORTED | {'gemma2', 'gemma3_text', 'phi3', 'gpt2', 'olmo2'})}")
     act = getattr(hf_config, "hidden_act", "silu")
     if act != "silu":
         raise TraceError(f"from_hf: {arch} with hidden_act={act!r}; only SwiGLU (silu) MLPs are supported")
@@ -66,7 +66,8 @@ def _check_sliding_window(hf_config, arch: str, max_seq: int) -> None:
         return
     if arch in ("qwen2", "qwen3"):
         layer_types = getattr(hf_config, "layer_types", None) or []
-        uses = getattr(hf_config, "use_sliding_window", False) or "sliding_attention" in layer_types
+        uses = ("sliding_attention" in layer_types if layer_types   # layer_types decides when given
+                else getattr(hf_config, "use_sliding_window", False))
         if not uses:
             return
     raise TraceError(f"from_hf: {arch} uses a sliding window of {window} tokens but max_seq={max_seq}; "
@@ -148,6 +149,11 @@ def from_hf(hf_model, max_seq: int | None = None, dtype: torch.dtype | None = No
         raise TraceError(f"from_hf: {type(hf_model).__name__} has no .config; pass a transformers "
                          "*ForCausalLM model")
     dtype = dtype or next(hf_model.parameters()).dtype
+    from amk.models.families import check_dtype, from_hf_family
+    check_dtype(dtype, "from_hf")
+    family = from_hf_family(hf_model, max_seq, dtype, tokenizer)   # Gemma, Phi-3, GPT-2, OLMo 2, windows
+    if family is not None:
+        return family
     cfg = config_from_hf(hf_config, max_seq=max_seq, dtype=dtype)
     rotary = _rotary(hf_model)
     scaling = float(getattr(rotary, "attention_scaling", 1.0))

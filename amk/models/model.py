@@ -13,13 +13,18 @@ from amk.errors import TraceError
 from amk.models.llama import DecoderConfig, make_decode_step
 
 
+def _step_for(config: DecoderConfig):
+    from amk.models.decoder import FamilyConfig, make_decode_step as make_family_step
+    return make_family_step(config) if isinstance(config, FamilyConfig) else make_decode_step(config)
+
+
 class Model:
     def __init__(self, config: DecoderConfig, params: dict, tokenizer=None, hf_config=None):
         self.config = config
         self.params = params
         self.tokenizer = tokenizer
         self.hf_config = hf_config
-        self.fn = make_decode_step(config)
+        self.fn = _step_for(config)
         self._steps: dict = {}
 
     def __repr__(self) -> str:
@@ -47,7 +52,7 @@ class Model:
             if isinstance(x, torch.Tensor):
                 return move(x)
             if isinstance(x, dict):
-                return {k: move(v, True) if k == "inv_freq" else walk(v) for k, v in x.items()}
+                return {k: move(v, True) if k.startswith("inv_freq") else walk(v) for k, v in x.items()}
             if isinstance(x, (list, tuple)):
                 return type(x)(walk(v) for v in x)
             return x   # e.g. an amk.QuantizedWeight: left to its owner
@@ -118,6 +123,11 @@ class Model:
             ids = ids[None]
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise TraceError(f"generate: input_ids must be [T] or [B, T] with T >= 1, got {tuple(ids.shape)}")
+        bad = (ids < 0) | (ids >= self.config.vocab)
+        if bool(bad.any()):
+            raise TraceError(f"generate: argument 'input_ids' holds token id {int(ids[bad][0])}, "
+                             f"outside the model's vocabulary [0, {self.config.vocab}) "
+                             f"(amk.ops.embed's 'ids')")
         return ids
 
     def generate(self, input_ids, max_new_tokens: int = 32, backend: str | None = None,
@@ -132,9 +142,13 @@ class Model:
         """
         ids = self._prompt_ids(input_ids)
         batch, t_prompt = ids.shape
-        if t_prompt + max_new_tokens > self.config.max_seq:
-            raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens exceeds "
-                             f"max_seq {self.config.max_seq}; build the model with a larger max_seq")
+        if max_new_tokens < 0:
+            raise TraceError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        # the last new token is sampled, never fed back: positions 0 .. T + new - 2 are cached
+        if t_prompt + max_new_tokens - 1 > self.config.max_seq:
+            raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens needs "
+                             f"{t_prompt + max_new_tokens - 1} cache rows, more than max_seq "
+                             f"{self.config.max_seq}; build the model with a larger max_seq")
         step = self.jit(backend)
         kv = self.new_kv(batch)
         ids = ids.t().contiguous().to(self.device)  # [T, B]: each position's tokens contiguous

@@ -19,8 +19,8 @@ from amk.program.ir import DType
 from amk.quant import QuantizedWeight
 
 __all__ = ["embed", "rmsnorm", "layernorm", "linear", "rope", "attention", "kv_update",
-           "silu_mul", "gelu", "add", "mul", "softmax", "argmax", "dequant", "allreduce",
-           "reshape", "cast"]
+           "silu_mul", "gelu", "add", "sub", "mul", "tanh", "softcap", "softmax", "argmax",
+           "dequant", "allreduce", "reshape", "cast", "slice", "concat"]
 
 
 def _args(op: str, named: Sequence[tuple[str, Any]]):
@@ -108,16 +108,28 @@ def rope(x, pos, head_dim: int, theta: float = 10000.0, inv_freq=None):
 
 
 def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, head_dim: int,
-              scale: float | None = None):
-    """Decode attention of q [B, n_heads*head_dim] over cache rows 0..pos (inclusive)."""
+              scale: float | None = None, window: int | None = None, softcap: float | None = None):
+    """Decode attention of q [B, n_heads*head_dim] over cache rows 0..pos (inclusive).
+
+    window: a sliding window, only the last `window` rows (pos-window, pos] (Mistral, Gemma's
+    local layers). softcap: the scores become softcap * tanh(scores / softcap) before the
+    softmax (Gemma 2's attn_logit_softcapping)."""
     c, ctx, (qt, kt, vt, pt) = _args("attention", [("q", q), ("k_cache", k_cache),
                                                    ("v_cache", v_cache), ("pos", pos)])
     aval = rules.attention(c, qt.aval, kt.aval, vt.aval, pt.aval, int(n_heads), int(n_kv_heads),
                            int(head_dim))
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
-    return _bind(ctx, c, "attention", [qt, kt, vt, pt],
-                 {"n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads),
-                  "head_dim": int(head_dim), "scale": sc}, aval)
+    params = {"n_heads": int(n_heads), "n_kv_heads": int(n_kv_heads), "head_dim": int(head_dim),
+              "scale": sc}
+    if window is not None:
+        if int(window) < 1:
+            c.fail("window", f"must be a positive number of rows, got {window}")
+        params["window"] = int(window)
+    if softcap is not None:
+        if not float(softcap) > 0:
+            c.fail("softcap", f"must be a positive float, got {softcap}")
+        params["softcap"] = float(softcap)
+    return _bind(ctx, c, "attention", [qt, kt, vt, pt], params, aval)
 
 
 def kv_update(cache, new, pos):
@@ -138,23 +150,56 @@ def silu_mul(gate, up):
     return _elementwise("silu_mul", ("gate", "up"), (gate, up))
 
 
-def gelu(x):
-    return _elementwise("gelu", ("x",), (x,))
+def gelu(x, approximate: str = "none"):
+    """GELU: exact (erf, approximate="none") or the tanh form (approximate="tanh", GPT-2's
+    gelu_new and Gemma's gelu_pytorch_tanh)."""
+    if approximate not in ("none", "tanh"):
+        raise TraceError(f"amk.ops.gelu: argument 'approximate' must be 'none' or 'tanh', "
+                         f"got {approximate!r} (at {_trace.user_source_line()})")
+    return _elementwise("gelu", ("x",), (x,), {"tanh": 1} if approximate == "tanh" else None)
+
+
+def _binary(op: str, a, b, params: dict | None = None):
+    c, ctx, ts = _args(op, [("a", a), ("b", b)])
+    aval = rules.broadcast_binary(c, ("a", "b"), ts[0].aval, ts[1].aval)
+    if ts[0].aval.shape != aval.shape:      # the vector first: swap (+ and * commute exactly)
+        ts = ts[::-1]
+    return _bind(ctx, c, op, ts, params or {}, aval)
 
 
 def add(a, b):
-    return _elementwise("add", ("a", "b"), (a, b))
+    """a + b; either may be a vector [N] / [1, N] broadcast over the other's rows [B, N]."""
+    return _binary("add", a, b)
+
+
+def sub(a, b):
+    """a - b, as add(a, mul(b, -1.0)): IEEE subtraction IS addition of the negation, and a
+    negation is exact in every float format, so this is bit-identical to a - b (no new opcode)."""
+    return add(a, mul(b, -1.0))
 
 
 def mul(a, b=None, scale: float | None = None):
-    """a * b, or a * scale (a Python float)."""
+    """a * b (b may be a vector broadcast over a's rows, as in add), or a * scale (a Python float)."""
     if isinstance(b, (int, float)) and scale is None:
         b, scale = None, float(b)
     if b is None:
         if scale is None:
             raise TraceError("amk.ops.mul: give a second tensor 'b' or a float 'scale'")
         return _elementwise("mul", ("a",), (a,), {"scale": float(scale)})
-    return _elementwise("mul", ("a", "b"), (a, b))
+    return _binary("mul", a, b)
+
+
+def softcap(x, cap: float):
+    """cap * tanh(x / cap) (Gemma 2's logit soft-capping), computed in that order as HF does."""
+    if not float(cap) > 0:
+        raise TraceError(f"amk.ops.softcap: argument 'cap' must be a positive float, got {cap} "
+                         f"(at {_trace.user_source_line()})")
+    return _elementwise("softcap", ("x",), (x,), {"cap": float(cap)})
+
+
+def tanh(x):
+    """tanh(x): softcap with cap 1 (x / 1 and 1 * t are exact, so this is plain tanh)."""
+    return softcap(x, 1.0)
 
 
 def softmax(x):
@@ -189,3 +234,18 @@ def cast(x, dtype: torch.dtype):
     except TypeError as e:
         raise TraceError(f"amk.ops.cast: {e} (at {c.src})") from None
     return _bind(ctx, c, "cast", [xt], {"dtype": dt.short}, Aval(xt.aval.shape, dt))
+
+
+def slice(x, start: int, stop: int):
+    """Columns [start, stop) of x [B, N] -> [B, stop - start] (a COPY reading from column start)."""
+    c, ctx, (xt,) = _args("slice", [("x", x)])
+    aval = rules.column_slice(c, xt.aval, int(start), int(stop))
+    return _bind(ctx, c, "slice", [xt], {"start": int(start), "stop": int(stop)}, aval)
+
+
+def concat(xs: Sequence):
+    """[B, N1], [B, N2], ... -> [B, N1 + N2 + ...] along the feature axis (one COPY per part)."""
+    names = tuple(f"xs[{i}]" for i in range(len(xs)))
+    c, ctx, ts = _args("concat", list(zip(names, xs)))
+    aval = rules.concat(c, names, [t.aval for t in ts])
+    return _bind(ctx, c, "concat", ts, {}, aval)

@@ -172,6 +172,47 @@ def elementwise(c: Checker, names: tuple[str, ...], *xs: Aval) -> Aval:
     return xs[0]
 
 
+def broadcast_binary(c: Checker, names: tuple[str, str], a: Aval, b: Aval) -> Aval:
+    """a and b of one shape, or one of them a vector [N] / [1, N] over the other's rows [B, N]."""
+    c.floating(names[0], a)
+    c.floating(names[1], b)
+    c.same_dtype(names, a, b)
+    if a.shape == b.shape:
+        return a
+
+    def is_row(v: Aval, full: Aval) -> bool:
+        return len(full.shape) == 2 and v.shape in ((full.shape[1],), (1, full.shape[1]))
+
+    if is_row(b, a):
+        return a
+    if is_row(a, b):
+        return b
+    c.fail(names[1], f"shape {list(b.shape)} neither matches '{names[0]}' shape {list(a.shape)} "
+                     f"nor broadcasts over it (a vector [N] or [1, N] over [B, N])")
+    return a
+
+
+def column_slice(c: Checker, x: Aval, start: int, stop: int) -> Aval:
+    c.activation("x", x)
+    n = x.shape[1]
+    if not 0 <= start < stop <= n:
+        c.fail("start/stop", f"[{start}, {stop}) must be a non-empty range inside x's {n} columns "
+                             f"(x {list(x.shape)})")
+    return Aval((x.shape[0], stop - start), x.dtype)
+
+
+def concat(c: Checker, names: tuple[str, ...], xs: list[Aval]) -> Aval:
+    if len(xs) < 2:
+        c.fail("xs", f"needs at least two tensors, got {len(xs)}")
+    for n, x in zip(names, xs):
+        c.activation(n, x)
+    for n, x in zip(names[1:], xs[1:]):
+        c.same_dtype((names[0], n), xs[0], x)
+        if x.shape[0] != xs[0].shape[0]:
+            c.fail(n, f"has {x.shape[0]} rows, '{names[0]}' has {xs[0].shape[0]} (concat joins columns)")
+    return Aval((xs[0].shape[0], sum(x.shape[1] for x in xs)), xs[0].dtype)
+
+
 def argmax(c: Checker, logits: Aval) -> Aval:
     c.activation("logits", logits)
     return Aval((logits.shape[0],), DType.I32)

@@ -46,9 +46,16 @@ def _dequant(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
 def _attention(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
     p = e.p
     max_seq = ins[1].aval.shape[-3]
+    extra = {k: p[k] for k in ("window", "softcap") if k in p}    # sliding window, soft-cap
     return K.ATTENTION_TILE, {"head_dim": p["head_dim"], "n_heads": p["n_heads"],
                               "n_kv_heads": p["n_kv_heads"], "scale": p["scale"],
-                              "kv_start": 0, "kv_len": max_seq, "flags": 0}
+                              "kv_start": 0, "kv_len": max_seq, "flags": 0, **extra}
+
+
+def _slice(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
+    # COPY's x_off (ext): out[..., 0:w] = x[..., start:start+w]
+    p = e.p
+    return K.COPY, {"x_off": p["start"], "n_off": 0, "N_tile": p["stop"] - p["start"]}
 
 
 def _simple(op: K, keep: tuple[str, ...] = ()) -> Callable:
@@ -66,7 +73,9 @@ LOWERING: dict[str, Callable[[Eqn, list[Var]], tuple[K, dict]]] = {
     "rope": _simple(K.ROPE, ("head_dim", "theta")),
     "attention": _attention,
     "silu_mul": _simple(K.SILU_MUL),
-    "gelu": _simple(K.GELU),
+    "gelu": _simple(K.GELU, ("tanh",)),
+    "softcap": _simple(K.SOFTCAP, ("cap",)),
+    "slice": _slice,
     "add": _simple(K.ADD),
     "mul": _simple(K.MUL, ("scale",)),
     "softmax": _simple(K.SOFTMAX),
@@ -157,6 +166,15 @@ def lower(g: Graph, opts=None) -> Program:
                 cb = copy
             b.buf_of[e.outputs[0].id] = cb
             b.task(K.KV_APPEND, [b.buf_of[new.id], b.buf_of[pos.id]], [cb], {}, name)
+            continue
+        if e.prim == "concat":
+            # one COPY per part into its columns; each waits for the last (WAW), so a reader
+            # that waits for the last part has them all
+            out, lo = b.out_buffer(e.outputs[0]), 0
+            for v in e.inputs:
+                w = v.aval.shape[1]
+                b.task(K.COPY, [b.buf_of[v.id]], [out], {"n_off": lo, "N_tile": w, "x_off": 0}, name)
+                lo += w
             continue
         rule = LOWERING.get(e.prim)
         if rule is None:

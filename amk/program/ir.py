@@ -43,6 +43,7 @@ class InstructionKind(enum.IntEnum):
     SAMPLE_ARGMAX = 17
     ALLREDUCE_SHARD = 18
     FUSED = 19
+    SOFTCAP = 20        # y = cap * tanh(x / cap); cap = 1 is tanh (Gemma 2's soft-capping)
 
 
 class DType(enum.IntEnum):

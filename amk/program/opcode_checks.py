@@ -198,6 +198,11 @@ def _attention(c: _Ctx) -> None:
     row = hd + 2 if flags & PARTIAL_WRITE else hd
     c.numel(out, B * n_heads * row, "output" + (" (partial [acc|m|l])" if row != hd else ""))
     _head_range(c, n_heads, n_heads // n_kv, ((q, hd), (out, row)))
+    if "window" in c.p:
+        c.int_("window", lo=1)
+    cap = c.p.get("softcap", 0.0)
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap < 0:
+        c.bad(f"param 'softcap' must be a float >= 0 (0 = none), got {cap!r}")
 
 
 def _combine(c: _Ctx) -> None:
@@ -228,9 +233,30 @@ def _rope(c: _Ctx) -> None:
         c.bad(f"a rope tile must cover whole heads (multiples of head_dim={hd})")
 
 
+def _column_move(c: _Ctx) -> None:
+    """COPY with x_off (ext, slice / concat): out[..., n_off:+N_tile] = x[..., x_off:+N_tile]."""
+    x, out = c.ins[0], c.outs[0]
+    x_off = c.int_("x_off", lo=0)
+    n_off = c.int_("n_off", 0, lo=0)
+    n_tile = c.int_("N_tile", out.cols - n_off, lo=1)
+    if n_off + n_tile > out.cols:
+        c.bad(f"tile n_off={n_off} + N_tile={n_tile} exceeds {out.cols} output columns")
+    if x_off + n_tile > x.cols:
+        c.bad(f"x_off={x_off} + N_tile={n_tile} exceeds input {_b(x)}'s {x.cols} columns")
+    if x.numel // max(x.cols, 1) != out.numel // max(out.cols, 1):
+        c.bad(f"input {_b(x)} {list(x.shape)} and output {_b(out)} {list(out.shape)} differ in rows")
+
+
 def _elementwise(c: _Ctx) -> None:
-    _same_numel(c, *((0,) if c.task.op is K.MUL else range(len(c.ins))))
-    if c.task.op is K.MUL and len(c.ins) == 2:
+    if c.task.op is K.COPY and "x_off" in c.p:
+        return _column_move(c)
+    if c.task.op is K.SOFTCAP:
+        cap = c.p.get("cap")
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+            c.bad(f"needs a positive float param 'cap', got {cap!r}")
+    binary = c.task.op in (K.MUL, K.ADD) and len(c.ins) == 2    # b may broadcast
+    _same_numel(c, *((0,) if binary or c.task.op is K.MUL else range(len(c.ins))))
+    if binary:
         b, out = c.ins[1], c.outs[0]
         if b.numel not in (1, out.numel, out.cols):
             c.bad(f"input 1 {_b(b)} has {b.numel} elements: needs 1, {out.cols} or {out.numel}")
@@ -318,6 +344,7 @@ OPCODES: dict[K, tuple[tuple[int, int], tuple[int, int], Callable[[_Ctx], None]]
     K.GELU: ((1, 1), (1, 1), _elementwise),
     K.ADD: ((2, 2), (1, 1), _elementwise),
     K.MUL: ((1, 2), (1, 1), _elementwise),
+    K.SOFTCAP: ((1, 1), (1, 1), _elementwise),
     K.DEQUANT: ((2, 3), (1, 1), _dequant),
     K.SOFTMAX: ((1, 1), (1, 1), _all_same),
     K.KV_APPEND: ((2, 2), (1, 1), _kv_append),

@@ -31,6 +31,7 @@ def overlaps(a: Region, b: Region) -> bool:
 # inputs of the output's width (listed by position); "whole" = everything. Attention ops are special.
 _TILED_INPUTS: dict[K, tuple[int, ...]] = {
     K.COPY: (0,), K.ROPE: (0,), K.SILU_MUL: (0, 1), K.GELU: (0,), K.ADD: (0, 1), K.MUL: (0, 1),
+    K.SOFTCAP: (0,),
 }
 _GEMV = (K.GEMV_TILE, K.GEMM_TILE)        # read x and weights whole, write the tile's columns
 _ATTENTION = (K.ATTENTION_TILE, K.ATTENTION_COMBINE)
@@ -39,15 +40,18 @@ NEW_KV = 4                                # ATTENTION_TILE flags bit: row pos fr
 
 
 def kv_window(kv_start: int, kv_len: int, max_seq: int, pos: int | None,
-              shard: int = 0, shards: int = 1) -> tuple[int, int]:
+              shard: int = 0, shards: int = 1, window: int = 0) -> tuple[int, int]:
     """The cache rows [lo, hi) an ATTENTION_TILE reads at run time: [kv_start, kv_start+kv_len)
-    clamped by max_seq and the runtime pos (rows <= pos), then, for a split-KV shard (shards >
-    1), shard `shard` of `shards` equal pieces of that live window. Splitting the live window,
-    not the cache's capacity, keeps every shard busy however large the cache a user allocates."""
+    clamped by max_seq and the runtime pos (rows <= pos; a sliding window > 0 also drops rows
+    <= pos - window), then, for a split-KV shard (shards > 1), shard `shard` of `shards` equal
+    pieces of that live window. Splitting the live window, not the cache's capacity, keeps
+    every shard busy however large the cache a user allocates."""
     lo = kv_start
     hi = min(max_seq, kv_start + kv_len)
     if pos is not None:
         hi = min(hi, pos + 1)
+        if window > 0:
+            lo = max(lo, pos + 1 - window)
     hi = max(hi, lo)
     if shards > 1:
         size = -(-(hi - lo) // shards)
@@ -121,6 +125,13 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
                 reads += _cols(b, *in_cols, width) if per_head else _whole(b, width)
         for o in outs:
             writes += _cols(o, *out_cols, width) if out_cols else _whole(o, width)
+    elif op is K.COPY and "x_off" in params:
+        # a column move (slice / concat): columns [x_off, x_off + w) of x -> the output's tile
+        lo, hi = _tile_range(params, out_width) or (0, out_width or 0)
+        x_off = int(params["x_off"])
+        reads += _cols(ins[0], x_off, x_off + hi - lo, width)
+        for o in outs:
+            writes += _cols(o, lo, hi, width)
     elif op in _TILED_INPUTS:
         tile = _tile_range(params, out_width)
         tiled = _TILED_INPUTS[op]

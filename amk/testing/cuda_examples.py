@@ -261,6 +261,8 @@ def cases() -> list[Case]:
     C.append(gate_up_case())
     C.append(combine_o_add_case())
     C.append(rope_new_kv_attention_case())
+    from amk.testing import cuda_examples_models as examples_models   # issue 25's ops (soft-cap, windows, ...)
+    C.extend(examples_models.cases())
     return C
 
 

@@ -66,3 +66,26 @@ def test_cli_generate_prints_only_the_text_on_stdout(smol, monkeypatch, capsys):
     assert rc == 0
     assert out.startswith(PROMPT + " Paris")   # the text only: no progress, no timings
     assert "steps/s" in err and "steps/s" not in out
+
+
+def test_a_cached_gguf_load_skips_transformers_and_gives_the_same_tokens(smol, amk_greedy, tmp_path,
+                                                                         monkeypatch):
+    """The second load memory-maps the folder the first one saved (amk/models/gguf_cache.py)."""
+    from amk.models import gguf, gguf_cache
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    path = gguf.smollm2_gguf_path()
+    model, tok = smol
+    assert gguf_cache.cached_folder(path, torch.float32) is None
+    saved = gguf_cache.save_folder(path, torch.float32, model.hf, tok, config=model.config)
+    assert saved is not None                                                   # what a cold load writes
+
+    def parse(*a, **k):
+        raise AssertionError("a warm load must not parse the GGUF")
+
+    monkeypatch.setattr(gguf, "load_hf_from_gguf", parse)
+    warm, warm_tok = gguf.load("smollm2-135m", max_seq=64)
+    ids, want = amk_greedy
+    assert type(warm_tok).__name__ == "LightTokenizer"           # no transformers on this path
+    assert warm_tok(PROMPT).input_ids == ids and warm_tok.eos_token_id == tok.eos_token_id
+    assert warm.config == model.config
+    assert warm.generate(ids, NEW, backend="reference") == want

@@ -12,7 +12,7 @@ from amk.program.ir import DType, InstructionKind
 
 # The task descriptor: one per task and one per FUSED step (a "sub-task").
 # (name, C type, count). Every field is 4 bytes, so C and numpy agree on the layout without padding.
-N_IP = 20          # integer parameter slots
+N_IP = 24          # integer parameter slots (a descriptor stays a multiple of 16 bytes)
 N_FP = 4           # float parameter slots
 INLINE_WAITS = 4         # waits a TaskDesc carries itself (more: read from the waits table)
 TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
@@ -90,7 +90,10 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # KV_SHARDS: the shard's piece of the live window (regions.kv_window)
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
              "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE",
-             "KV_SHARD", "KV_SHARDS"),
+             "KV_SHARD", "KV_SHARDS", "WINDOW"),   # WINDOW > 0: rows (pos - WINDOW, pos] only
+    # op_ewx (templates/ops_models.cuh): unary ops and COPY's column move; x read at
+    # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
+    "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),
     "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
     "EMBED": ("B", "H", "V", "IDS64"),
     # ROPE_HD > 0: the new rows are rotated here (folds.rope_into_append), inverse frequencies
@@ -102,9 +105,12 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "RED": ("N",),
 }
 FP_SLOTS: dict[str, tuple[str, ...]] = {
-    "EW": ("SCALE",), "NORM": ("EPS",), "GEMV": ("EPS",), "ROPE": ("THETA",), "ATTN": ("SCALE", "THETA"), "KV": ("THETA",),
+    "EW": ("SCALE",), "NORM": ("EPS",), "GEMV": ("EPS",), "ROPE": ("THETA",), "KV": ("THETA",),
+    "ATTN": ("SCALE", "THETA", "SOFTCAP"),       # SOFTCAP > 0: scores -> SOFTCAP tanh(s / SOFTCAP)
+    "EWX": ("CAP",),
 }
 EW_KINDS = ("COPY", "ADD", "MUL", "MULS", "SILU_MUL", "GELU")
+EWX_KINDS = ("COPY_COLS", "SOFTCAP", "GELU_TANH")      # op_ewx's kinds
 
 for _g, _names in IP_SLOTS.items():
     assert len(_names) <= N_IP, _g
@@ -133,6 +139,7 @@ def render_header() -> str:
     out += [f"#define OP_{k.name} {int(k)}\n" for k in InstructionKind]
     out += [f"#define DT_{d.name} {int(d)}\n" for d in DType]
     out += [f"#define EW_{k} {i}\n" for i, k in enumerate(EW_KINDS)]
+    out += [f"#define EWX_{k} {i}\n" for i, k in enumerate(EWX_KINDS)]
     out += [f"#define FAULT_DEADLOCK {FAULT_DEADLOCK}\n", f"#define FAULT_KV_POS {FAULT_KV_POS}\n",
             f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_COPY {FAULT_COPY}\n",
             f"#define AMK_INLINE_WAITS {INLINE_WAITS}\n"]

@@ -53,7 +53,40 @@ def _bcast(task, x: View, out: View) -> tuple[int, int]:
 _EW = {K.COPY: "COPY", K.ADD: "ADD", K.MUL: "MUL", K.SILU_MUL: "SILU_MUL", K.GELU: "GELU"}
 
 
+def _is_ewx(op: K, p) -> bool:
+    """Whether op_ewx (templates/ops_models.cuh) runs this op, not op_ew: SOFTCAP (tanh is cap
+    1), GELU with tanh=1, COPY with x_off (slice / concat on the feature axis)."""
+    return op == K.SOFTCAP or (op == K.GELU and int(p.get("tanh", 0)) == 1) or \
+        (op == K.COPY and "x_off" in p)
+
+
+def _enc_ewx(t, op, ins, outs, p) -> Encoded:
+    out, a = outs[0], ins[0]
+    c0, c1 = _col_range(t, p, out)
+    if op == K.COPY:
+        kind, x_off = "COPY_COLS", int(p["x_off"])
+        rows = out.numel // max(out.cols, 1)
+        if x_off + (c1 - c0) > a.cols or a.numel // max(a.cols, 1) != rows:
+            fail(t, f"COPY x_off={x_off}: input {a.shape} columns [{x_off}, {x_off + c1 - c0}) "
+                    f"do not fit output {out.shape}")
+        a_rs, shift = a.cols, x_off - c0
+    else:
+        kind = "SOFTCAP" if op == K.SOFTCAP else "GELU_TANH"
+        a_rs, a_cs = _bcast(t, a, out)
+        if a_cs != 1:
+            fail(t, f"{op.name}: input {a.shape} must have the output's columns {out.shape}")
+        shift = 0
+    var = Variant.of("op_ewx", kind=f"EWX_{kind}", ty=ctype(t, out.dtype), tx=ctype(t, a.dtype))
+    e = Encoded(int(op), var, group="EWX")
+    e.ip = dict(ROWS=out.numel // out.cols, COLS=out.cols, C0=c0, C1=c1, A_RS=a_rs, A_SHIFT=shift,
+                XKIND=abi.EWX_KINDS.index(kind))
+    e.fp = dict(CAP=float(p.get("cap", 1.0)))
+    return e
+
+
 def _enc_elementwise(t, op, ins, outs, p) -> Encoded:
+    if _is_ewx(op, p):
+        return _enc_ewx(t, op, ins, outs, p)
     out = outs[0]
     kind = _EW[op]
     n_args = {"COPY": 1, "GELU": 1, "ADD": 2, "SILU_MUL": 2, "MUL": 2}[kind]
@@ -252,15 +285,19 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     types = dict(tq=ftype(t, q.dtype), tk=ftype(t, kc.dtype), tv=ftype(t, vc.dtype),
                  to=ftype(t, out.dtype), tn=tn, tf="float")
     hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
-    var = (Variant.of("op_attention_smem", **types, hg=hg, hdc=hd) if staged
-           else Variant.of("op_attention", **types))
+    cap = float(p.get("softcap", 0.0)) > 0
+    var = (Variant.of("op_attention_smem", **types, hg=hg, hdc=hd, cap=cap) if staged
+           else Variant.of("op_attention", **types, cap=cap))
     e = Encoded(int(op), var, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
                 H_COUNT=hc, B=B, MAX_SEQ=max_seq,
                 POS64=int_input(t, ins[3], "attention pos") if has_pos else 0,
                 HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv),
-                KV_SHARD=int(p.get("kv_shard", 0)), KV_SHARDS=int(p.get("kv_shards", 1)))
-    e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)))
+                KV_SHARD=int(p.get("kv_shard", 0)), KV_SHARDS=int(p.get("kv_shards", 1)),
+                WINDOW=int(p.get("window", 0)))
+    if e.ip["WINDOW"] and not has_pos:
+        fail(t, "a sliding window needs the runtime pos input")
+    e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)), SOFTCAP=float(p.get("softcap", 0.0)))
     return e
 
 
@@ -354,7 +391,7 @@ def _enc_dequant(t, op, ins, outs, p) -> Encoded:
 
 ENCODERS = {
     K.COPY: _enc_elementwise, K.ADD: _enc_elementwise, K.MUL: _enc_elementwise,
-    K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise,
+    K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise, K.SOFTCAP: _enc_elementwise,
     K.ALLREDUCE_SHARD: _enc_allreduce,
     K.GEMV_TILE: _enc_gemv, K.GEMM_TILE: _enc_gemv,
     K.RMSNORM: _enc_norm, K.LAYERNORM: _enc_norm,

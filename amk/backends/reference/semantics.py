@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from amk.errors import ValidationError
+from amk.errors import TraceError, ValidationError
 from amk.program.ir import DType, InstructionKind
 
 from amk.backends.reference.semantics_attention import (
@@ -73,6 +73,15 @@ def op_nop(inputs, outputs, params, ctx):
 def op_copy(inputs, outputs, params, ctx):
     out = outputs[0]
     lo, hi = column_range(params, out)
+    if "x_off" in params:            # ext: a column move (slice / concat)
+        x_off = int(params["x_off"])
+        x = inputs[0].reshape(-1, inputs[0].shape[-1])
+        y = out.view(-1, out.shape[-1])
+        if x_off + hi - lo > x.shape[-1]:
+            raise ValidationError(f"COPY: x_off={x_off} + {hi - lo} columns exceeds the input's "
+                                  f"{x.shape[-1]}")
+        y[:, lo:hi] = x[:, x_off:x_off + hi - lo].to(y.dtype)
+        return
     x = tile_view(inputs[0], out, lo, hi)          # no fp32 detour: a copy is a plain cast
     y = out[..., lo:hi] if (lo, hi) != (0, out.shape[-1]) else out
     y.copy_(x.to(y.dtype).reshape(y.shape))
@@ -91,7 +100,15 @@ def op_mul(inputs, outputs, params, ctx):
 
 
 def op_gelu(inputs, outputs, params, ctx):
-    _elementwise(inputs[:1], outputs, params, F.gelu, whole_rows=True)     # exact (erf) gelu
+    """Exact (erf) gelu; params tanh=1 (ext): the tanh approximation (F.gelu's "tanh")."""
+    approx = "tanh" if int(params.get("tanh", 0)) else "none"
+    _elementwise(inputs[:1], outputs, params, lambda x: F.gelu(x, approximate=approx), whole_rows=True)
+
+
+def op_softcap(inputs, outputs, params, ctx):
+    """cap * tanh(x / cap), in that order (transformers' Gemma 2 soft-capping)."""
+    cap = float(params["cap"])
+    _elementwise(inputs[:1], outputs, params, lambda x: torch.tanh(x / cap) * cap, whole_rows=True)
 
 
 def op_silu_mul(inputs, outputs, params, ctx):
@@ -145,6 +162,12 @@ def op_layernorm(inputs, outputs, params, ctx):
 def op_embed(inputs, outputs, params, ctx):
     """out[B, H] = table[ids]; inputs = [ids i32[B], table[V, H]]."""
     ids = inputs[0].reshape(-1).to(torch.long)
+    vocab = inputs[1].shape[0]
+    bad = (ids < 0) | (ids >= vocab)
+    if bool(bad.any()):
+        raise TraceError(f"EMBED (amk.ops.embed): argument 'ids' holds token id "
+                         f"{int(ids[bad][0])}, outside the table's {vocab} rows; token ids must "
+                         f"be in [0, {vocab})")
     rows = inputs[1].index_select(0, ids)
     out = outputs[0]
     out.copy_(rows.to(out.dtype).reshape(out.shape))
@@ -274,6 +297,7 @@ SEMANTICS: dict[InstructionKind, Semantics] = {
     InstructionKind.SAMPLE_ARGMAX: op_sample_argmax,
     InstructionKind.ALLREDUCE_SHARD: op_allreduce_shard,
     InstructionKind.FUSED: op_fused,
+    InstructionKind.SOFTCAP: op_softcap,
 }
 
 

@@ -69,7 +69,8 @@ def attention_tile(inputs, outputs, params, ctx):
     kv_start = int(params.get("kv_start", 0))
     pos = host_int(inputs[3], ctx) if len(inputs) > 3 and inputs[3] is not None else None
     lo, hi = kv_window(kv_start, int(params.get("kv_len", max_seq - kv_start)), max_seq, pos,
-                       int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)))
+                       int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)),
+                       int(params.get("window", 0)))
 
     qg = f32(q[:, h_off:h_off + hc]).reshape(B, g1 - g0, rep, hd)     # [B, G, rep, hd]
     kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
@@ -81,6 +82,9 @@ def attention_tile(inputs, outputs, params, ctx):
                 row = new.reshape(B, n_kv, hd).to(cache.dtype)[:, g0:g1]
                 w[:, :, p - lo] = f32(row)
     scores = (qg @ kw.transpose(-1, -2)) * scale                      # [B, G, rep, L]
+    cap = float(params.get("softcap", 0.0))
+    if cap > 0:                                                       # ext: Gemma 2's soft-cap
+        scores = torch.tanh(scores / cap) * cap
 
     out = outputs[0]
     if int(params.get("flags", 0)) & PARTIAL_WRITE:

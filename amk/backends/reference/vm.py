@@ -67,7 +67,6 @@ class ReferenceVM:
         self.ctx = RefCtx()
         self.epoch = 0                      # completed runs
         self.last_stats: RunStats | None = None
-        self._broken: str | None = None     # why counters are no longer consistent, if they are not
         self._prepare()
 
     # ------------------------------------------------------------------ structure (once)
@@ -173,19 +172,19 @@ class ReferenceVM:
     def run(self, bindings: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Run one step. Returns ``program.outputs`` in order: IO_OUTPUTs as clones, a KV cache
         as the bound tensor itself (updated in place)."""
-        if self._broken:
-            raise DeadlockError(f"ReferenceVM: an earlier run failed ({self._broken}); its counters "
-                                f"are inconsistent, build a new ReferenceVM")
         epoch = self.epoch + 1
         self._bind(bindings)
+        saved = list(self._values)
         stats = RunStats(epoch=epoch, order=self.order, n_tasks=len(self._fn))
         self.last_stats = stats
         t0 = time.perf_counter()
         try:
             with flush_subnormals():
                 self._schedule(epoch, stats.exec_order, t0)
-        except BaseException as e:
-            self._broken = f"step {epoch}: {type(e).__name__}"
+        except BaseException:
+            # Put the counters back as they were before this step, so the failed step can be
+            # run again (e.g. with a valid token) and the VM stays usable.
+            self._values[:] = saved
             raise
         finally:
             stats.wall_s = time.perf_counter() - t0

@@ -12,25 +12,32 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from amk.backends.triton.kernels_elementwise import tanh_f32
+
 
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
                      head_dim, n_heads, rep, max_seq, kv_start, kv_end, g_off, scale,
-                     stride_cb, stride_cs, split_len, stride_split, kv_shard, kv_shards,
+                     window, softcap, stride_cb, stride_cs, split_len, stride_split, kv_shard,
+                     kv_shards,
                      HAS_POS: tl.constexpr, PARTIAL: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (kv groups, B, splits). Online softmax over BLOCK_N cache rows at a time, fp32
     throughout. Split s covers rows [kv_start + s*split_len, +split_len) of the window and
     writes at o_ptr + s*stride_split (one split: the whole window). PARTIAL writes
     ``[acc | m | l]`` per head (row width head_dim+2); an empty window leaves acc=0, m=-inf,
-    l=0. Otherwise writes acc / l (0 for an empty window)."""
+    l=0. Otherwise writes acc / l (0 for an empty window). window > 0: only rows
+    (pos - window, pos] (a sliding window); softcap > 0: scores -> softcap tanh(s / softcap)."""
     g = g_off + tl.program_id(0)
     b = tl.program_id(1)
     sid = tl.program_id(2)
     o_ptr = o_ptr + sid * stride_split
     hi = tl.minimum(kv_end, max_seq)               # the live window (regions.kv_window) ...
     if HAS_POS:
-        hi = tl.minimum(hi, tl.load(pos_ptr).to(tl.int32) + 1)
+        p_now = tl.load(pos_ptr).to(tl.int32)
+        hi = tl.minimum(hi, p_now + 1)
+        if window > 0:
+            kv_start = tl.maximum(kv_start, p_now + 1 - window)
     hi = tl.maximum(hi, kv_start)
     size = (hi - kv_start + kv_shards - 1) // kv_shards       # ... a split-KV shard's piece of it
     kv_start = kv_start + kv_shard * size
@@ -55,6 +62,8 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
         nd_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + nd, mask=nd_mask, other=0.0).to(tl.float32)       # [N, D]
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale             # [H, N]
+        if softcap > 0:
+            s = tanh_f32(s / softcap) * softcap
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)

@@ -11,17 +11,27 @@ import triton.language as tl
 
 # Elementwise opcodes of `elementwise_kernel` (a constexpr: each gets its own compiled kernel).
 EW_COPY, EW_ADD, EW_MUL, EW_SCALE, EW_GELU, EW_SILU_MUL = 0, 1, 2, 3, 4, 5
+EW_GELU_TANH, EW_SOFTCAP = 6, 7
+
+
+@triton.jit
+def tanh_f32(x):
+    """tanh from exp (triton 3.2's tl.math has no tanh): sign(x) (1 - e^-2|x|) / (1 + e^-2|x|)."""
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -y, y)
 
 
 @triton.jit
 def elementwise_kernel(a_ptr, b_ptr, y_ptr, n_off, n_end, stride_a, stride_b, stride_y, scale,
-                       OP: tl.constexpr, BLOCK: tl.constexpr):
-    """y[r, c] = OP(a[r, c], b[r, c]) for columns c in [n_off, n_end). Grid (col blocks, rows).
-    A row stride of 0 broadcasts a one-row operand over all rows."""
+                       a_shift, OP: tl.constexpr, BLOCK: tl.constexpr):
+    """y[r, c] = OP(a[r, c + a_shift], b[r, c]) for columns c in [n_off, n_end). Grid (col
+    blocks, rows). A row stride of 0 broadcasts a one-row operand over all rows; a_shift moves
+    columns (COPY's x_off: slice / concat)."""
     r = tl.program_id(1)
     cols = n_off + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_end
-    a = tl.load(a_ptr + r * stride_a + cols, mask=mask, other=0.0)
+    a = tl.load(a_ptr + r * stride_a + cols + a_shift, mask=mask, other=0.0)
     if OP == 0:                      # COPY: a plain cast, no fp32 detour
         y = a
     else:
@@ -34,6 +44,10 @@ def elementwise_kernel(a_ptr, b_ptr, y_ptr, n_off, n_end, stride_a, stride_b, st
             y = a * scale
         elif OP == 4:                # exact gelu: 0.5 x (1 + erf(x / sqrt 2))
             y = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
+        elif OP == 6:                # tanh gelu: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            y = 0.5 * a * (1.0 + tanh_f32(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+        elif OP == 7:                # soft-cap: cap tanh(x / cap), cap in `scale`
+            y = tanh_f32(a / scale) * scale
         else:                        # silu(gate) * up
             u = tl.load(b_ptr + r * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
             y = a / (1.0 + tl.exp(-a)) * u

@@ -64,11 +64,20 @@ def _elementwise(code: int, inputs, outputs, params, scale: float = 1.0) -> None
     if hi == lo or out.numel() == 0:
         return
     a = inputs[0]
-    b = inputs[1] if len(inputs) > 1 else a
+    b = inputs[1] if len(inputs) > 1 else out         # unary: b unread, any dense tensor
+    shift, a_stride = 0, None
+    if "x_off" in params:            # COPY's column move: a's own rows, columns shifted
+        x_off = int(params["x_off"])
+        _dense(a, "input 0")
+        if x_off + hi - lo > _cols(a) or a.numel() // _cols(a) != out.numel() // _cols(out):
+            raise ValidationError(f"COPY: input {tuple(a.shape)} columns [{x_off}, "
+                                  f"{x_off + hi - lo}) do not fit output {tuple(out.shape)}")
+        shift, a_stride = x_off - lo, _cols(a)
     block = _pow2(hi - lo, hi=1024)
     grid = (triton.cdiv(hi - lo, block), out.numel() // _cols(out))
-    ke.elementwise_kernel[grid](a, b, out, lo, hi, _row_stride(a, out, "input 0"),
-                                _row_stride(b, out, "input 1"), _cols(out), float(scale),
+    ke.elementwise_kernel[grid](a, b, out, lo, hi,
+                                a_stride if a_stride is not None else _row_stride(a, out, "input 0"),
+                                _row_stride(b, out, "input 1"), _cols(out), float(scale), shift,
                                 OP=code, BLOCK=block)
 
 
@@ -265,7 +274,8 @@ def _attention_tile(inputs, outputs, params):
     ka.attention_kernel[(h_count // rep, B, splits)](
         q, k, v, pos if pos is not None else q, target,
         hd, n_heads, rep, max_seq, lo, kv_end, h_off // rep,
-        float(params.get("scale", 1.0 / hd ** 0.5)),
+        float(params.get("scale", 1.0 / hd ** 0.5)), int(params.get("window", 0)),
+        float(params.get("softcap", 0.0)),
         max_seq * row if k.dim() == 4 else 0, row,
         SPLIT_ROWS if splits > 1 else max(kv_end - lo, 1), target.stride(0) if splits > 1 else 0,
         int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)),
@@ -475,7 +485,9 @@ LAUNCHERS: dict[K, Callable[[Sequence, Sequence, Mapping[str, Any]], None]] = {
     K.ATTENTION_COMBINE: _attention_combine,
     K.ROPE: _rope,
     K.SILU_MUL: lambda i, o, p: _elementwise(ke.EW_SILU_MUL, i[:2], o, p),
-    K.GELU: lambda i, o, p: _elementwise(ke.EW_GELU, i[:1], o, p),
+    K.GELU: lambda i, o, p: _elementwise(ke.EW_GELU_TANH if int(p.get("tanh", 0)) else ke.EW_GELU,
+                                         i[:1], o, p),
+    K.SOFTCAP: lambda i, o, p: _elementwise(ke.EW_SOFTCAP, i[:1], o, p, float(p["cap"])),
     K.ADD: lambda i, o, p: _elementwise(ke.EW_ADD, i[:2], o, p),
     K.MUL: _mul,
     K.DEQUANT: _dequant,

@@ -149,8 +149,23 @@ def test_unreachable_threshold_deadlocks_fast_and_names_the_task():
     msg = str(e.value)
     assert "task 1 'needs two' (MUL): counter 0: have 1, need 2" in msg
     assert "1 of 2 tasks never ran" in msg
-    with pytest.raises(DeadlockError, match="earlier run failed"):    # counters are now suspect
-        vm.run({"x": rnd(1, 4)})
+    with pytest.raises(DeadlockError, match="task 1 'needs two'"):    # counters were restored:
+        vm.run({"x": rnd(1, 4)})                                      # the same report again
+    assert vm.counters == {0: 0, 1: 0} and vm.epoch == 0
+
+
+def test_a_failed_step_restores_the_counters_and_the_vm_runs_again():
+    b = Builder()
+    ids = b.buf("ids", BK.IO_INPUT, (1,), DType.I32)
+    table = b.buf("table", BK.WEIGHT, (4, 3))
+    y = b.buf("y", BK.IO_OUTPUT, (1, 3))
+    b.task(K.EMBED, [ids, table], [y])
+    vm = ReferenceVM(b.build([y]))
+    t = rnd(4, 3)
+    with pytest.raises(TraceError, match="EMBED.*'ids'.*7.*4 rows"):
+        vm.run({"ids": torch.tensor([7], dtype=torch.int32), "table": t})
+    (out,) = vm.run({"ids": torch.tensor([2], dtype=torch.int32), "table": t})
+    assert torch.equal(out[0], t[2]) and vm.epoch == 1
 
 
 def test_wait_cycle_deadlock_lists_at_most_16_tasks():

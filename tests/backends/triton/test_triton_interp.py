@@ -487,3 +487,47 @@ def test_backend_refuses_invalid_programs_and_bad_bindings():
     with pytest.raises(TraceError, match="wq") as e:
         tp.run(b)
     assert "kv.k" in str(e.value)
+
+
+# ---------------------------------------------------------------------------- issue 25's ops
+def test_softcap_and_tanh_gelu_match_torch():
+    x = torch.randn(2, 37) * 4
+    (y,) = run(K.SOFTCAP, [x], [(2, 37)], {"cap": 3.0})
+    close(y, torch.tanh(x / 3.0) * 3.0, 1e-5)
+    (g,) = run(K.GELU, [x], [(2, 37)], {"tanh": 1})
+    close(g, torch.nn.functional.gelu(x, approximate="tanh"), 1e-5)
+
+
+def test_copy_with_x_off_slices_and_places_columns():
+    x = torch.randn(2, 20)
+    (y,) = run(K.COPY, [x], [(2, 7)], {"x_off": 5, "n_off": 0, "N_tile": 7})
+    assert torch.equal(y, x[:, 5:12])
+    out = poisoned((2, 27))
+    run(K.COPY, [x], [(2, 27)], {"x_off": 0, "n_off": 7, "N_tile": 20}, outs=[out])
+    assert torch.equal(out[:, 7:], x) and torch.isnan(out[:, :7]).all()
+
+
+def test_add_broadcasts_a_vector_over_rows():
+    a, b = torch.randn(3, 11), torch.randn(11)
+    (y,) = run(K.ADD, [a, b], [(3, 11)], {})
+    close(y, a + b)
+
+
+@pytest.mark.parametrize("window, cap", [(5, 0.0), (0, 2.5), (7, 1.5)])
+def test_attention_sliding_window_and_softcap(window, cap):
+    n_heads, n_kv, hd, max_seq = 4, 2, 16, 24
+    q = torch.randn(1, n_heads * hd)
+    k, v = torch.randn(max_seq, n_kv, hd), torch.randn(max_seq, n_kv, hd)
+    pos = torch.tensor([17], dtype=torch.int32)
+    params = {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "scale": 0.3,
+              "window": window, "softcap": cap}
+    (y,) = run(K.ATTENTION_TILE, [q, k, v, pos], [(1, n_heads * hd)], params)
+    lo = 18 - window if window else 0                    # rows (pos - window, pos]
+    qh = q.view(n_heads, hd)
+    kk = k[lo:18].repeat_interleave(n_heads // n_kv, dim=1)    # [L, n_heads, hd]
+    vv = v[lo:18].repeat_interleave(n_heads // n_kv, dim=1)
+    s = torch.einsum("hd,lhd->hl", qh, kk) * 0.3
+    if cap:
+        s = torch.tanh(s / cap) * cap
+    want = torch.einsum("hl,lhd->hd", torch.softmax(s, -1), vv)
+    close(y.view(n_heads, hd), want, 1e-4)

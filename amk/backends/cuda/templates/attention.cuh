@@ -33,7 +33,12 @@ __device__ __forceinline__ long long attn_window(const TaskDesc& d, void* const*
   hi = lo + d.ip[P_ATTN_KV_LEN];
   if (hi > d.ip[P_ATTN_MAX_SEQ]) hi = d.ip[P_ATTN_MAX_SEQ];
   long long p = 0;
-  if (d.ip[P_ATTN_HAS_POS]) { p = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > p + 1) hi = p + 1; }
+  if (d.ip[P_ATTN_HAS_POS]) {
+    p = read_int(P[3], d.ip[P_ATTN_POS64]);
+    if (hi > p + 1) hi = p + 1;
+    const int win = d.ip[P_ATTN_WINDOW];                 // sliding window: rows (p - win, p]
+    if (win > 0 && lo < p + 1 - win) lo = p + 1 - win;
+  }
   if (hi < lo) hi = lo;
   const long long shards = d.ip[P_ATTN_KV_SHARDS];
   if (shards > 1) {
@@ -49,10 +54,16 @@ __device__ __forceinline__ long long attn_window(const TaskDesc& d, void* const*
 // into probabilities against the running max, written to pout[i * pi + w * pj] (in place:
 // pout = sc, pi = 1, pj = stride), and updates m_run, l_run and alpha (the factor the head's
 // P·V sums so far are scaled by).
+// CAP (Gemma 2, cap > 0): the scores become cap * tanh(s / cap) first; a template flag, so the
+// attention of a model without it carries no never-run tanh (NOTES v16).
+template <bool CAP>
 __device__ __forceinline__ void attn_softmax(float* sc, int stride, int cn, int nhs, float* m_run,
-                                             float* l_run, float* alpha, float* pout, int pi, int pj) {
+                                             float* l_run, float* alpha, float* pout, int pi, int pj,
+                                             float cap) {
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
   if (w >= nhs) return;
+  if (CAP)
+    for (int i = lane; i < cn; i += 32) sc[w * stride + i] = tanhf(sc[w * stride + i] / cap) * cap;
   float mc = -__int_as_float(0x7f800000);
   for (int i = lane; i < cn; i += 32) mc = fmaxf(mc, sc[w * stride + i]);
   mc = warp_max(mc);
@@ -89,7 +100,7 @@ __device__ __forceinline__ void attn_write(TO* out, const float* red, const floa
   }
 }
 
-template <class TQ, class TK, class TV, class TO, class TN, class TF>
+template <class TQ, class TK, class TV, class TO, class TN, class TF, bool CAP>
 __device__ __noinline__ void op_attention(AMK_PARAMS) {
   constexpr int HG = 8;                               // q heads per pass (registers per thread)
   const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
@@ -169,7 +180,7 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
             for (int j = 0; j < HG; j++) if (j < nhs) sc[j * NT + tid] = s[j] * scale;
           }
           __syncthreads();
-          attn_softmax(sc, NT, cn, nhs, m_run, l_run, alpha, sc, 1, NT);
+          attn_softmax<CAP>(sc, NT, cn, nhs, m_run, l_run, alpha, sc, 1, NT, d.fp[F_ATTN_SOFTCAP]);
           __syncthreads();
           if (pg < PG) {
 #pragma unroll
@@ -300,7 +311,7 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
 // 4-byte V read and HGP/4 16-byte reads (NOTES v10: the old loop was an LDS latency chain).
 // AMK_MARK (profile builds; a pass's last chunk): 0 entered, 1 K/V copies issued, 2 q staged,
 // 3 K landed, 4 scores, 5 softmax and V landed, 6 P.V, 7 written.
-template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, int HDC>
+template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, int HDC, bool CAP>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;
   const int hd = HDC, nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];   // HDC: the head dim, a constant
@@ -391,7 +402,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           }
           __syncthreads();
           AMK_MARK(4);
-          attn_softmax(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1);
+          attn_softmax<CAP>(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1, d.fp[F_ATTN_SOFTCAP]);
           cp_async_wait<0>();                                // V
           __syncthreads();
           AMK_MARK(5);
