@@ -9,6 +9,7 @@ pytest.importorskip("cuda.bindings")
 pytest.importorskip("transformers")
 
 from amk.backends.cuda import abi  # noqa: E402
+from amk.backends.cuda.codegen import call_text  # noqa: E402
 from amk.backends.cuda.lower import lower_program  # noqa: E402
 from amk.models import from_hf  # noqa: E402
 
@@ -30,7 +31,7 @@ def test_gemma2_lowers_its_windows_caps_and_gelu_into_the_descriptors():
     windows = {int(t["ip"][ip["WINDOW"]]) for t in attn}
     assert windows == {0, 6}
     assert {float(t["fp"][abi.fp_index("ATTN", "SOFTCAP")]) for t in attn} == {4.0}
-    calls = [str(v) for v in low.variants]
+    calls = [call_text(v) for v in low.variants]
     assert any("op_ewx<EWX_GELU_TANH" in c for c in calls)
     assert any("op_ewx<EWX_SOFTCAP" in c for c in calls)             # the final logit cap
 
