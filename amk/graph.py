@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from amk.buffer_kinds import BufferKind
+from amk.dtypes import DType
 from amk.errors import TraceError
-from amk.program.ir import BufferKind, DType
 
 
 @dataclass(frozen=True)
