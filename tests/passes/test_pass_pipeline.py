@@ -8,7 +8,8 @@ from pass_helpers import OPTS, SMALL, bindings, check_lines, llama_program, run,
 
 from amk.passes.options import PassOptions
 from amk.program.deps import dependencies
-from amk.program.ir import BufferKind, InstructionKind as K
+from amk.program.ir import BufferKind, DType, InstructionKind as K
+from amk.program.recipe import recipe_of
 from amk.program.regions import task_regions
 from amk.program.validate import validate
 from amk.passes.sync import direct_dependencies, reduced_dependencies
@@ -134,9 +135,9 @@ def test_fuse_text_and_dropped_buffers(stages):
     assert [b.id for b in f.buffers] == list(range(len(f.buffers)))
     assert all(b.id in used for b in f.buffers if b.kind is BufferKind.ACTIVATION)
     silu = next(t for t in f.tasks if "silu_mul" in t.name)
-    steps = silu.params["recipe"]["steps"]
-    assert [K(s["op"]) for s in steps] == [K.RMSNORM, K.GEMV_TILE, K.GEMV_TILE, K.SILU_MUL]
-    assert steps[0]["out_dtype"] == "float32" and steps[0]["out_shape"] == [1, 32]
+    steps = recipe_of(silu).steps
+    assert [s.op for s in steps] == [K.RMSNORM, K.GEMV_TILE, K.GEMV_TILE, K.SILU_MUL]
+    assert steps[0].out_dtype is DType.F32 and steps[0].out_shape == (1, 32)
 
 
 def test_fused_regions_kept_by_fuse_equal_task_regions(stages):
@@ -190,8 +191,8 @@ def test_allocate_counters_fine_grained(stages):
         waited = [m for w in s.waits for m in by_counter[w.counter]]
         q_tiles = [m for m in waited if s.inputs[0] in m.outputs]     # writers of its q
         assert len(q_tiles) == 1
-        rope = q_tiles[0].params["recipe"]["steps"][-1]
-        assert K(rope["op"]) is K.ROPE and rope["params"]["n_off"] == s.params["h_off"] * 8
+        rope = recipe_of(q_tiles[0]).steps[-1]
+        assert rope.op is K.ROPE and rope.params["n_off"] == s.params["h_off"] * 8
 
 
 def test_place_queues(stages):

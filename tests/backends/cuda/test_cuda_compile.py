@@ -8,6 +8,7 @@ pytest.importorskip("cuda.bindings")
 
 from amk.errors import CompileError
 from amk.program.ir import DType, InstructionKind
+from amk.program.recipe import recipe_of
 from amk.backends.cuda import abi, codegen, compile_source, examples, render, smem
 from amk.backends.cuda.lower import lower_program
 from amk.models.presets import LLAMA_3_2_1B, random_model
@@ -250,7 +251,7 @@ def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_
         if t.op != K.FUSED:
             assert d["n_ptr_all"] == d["n_in"] + d["n_out"]
             continue
-        ops = tuple(K(int(s["op"])) for s in t.params["recipe"]["steps"])
+        ops = tuple(s.op for s in recipe_of(t).steps)
         seen.add(ops)
         assert d["n_zero"] == 0, ops
         subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
