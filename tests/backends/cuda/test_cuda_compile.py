@@ -317,12 +317,13 @@ def test_two_ctas_per_sm_render_256_threads_that_fit_twice_in_an_sm(cache, monke
     monkeypatch.delenv("AMK_GEMV_RING", raising=False)
     prog = examples.combined_program()
     monkeypatch.setenv("AMK_CTAS_PER_SM", "1")
-    one = gpu_target().num_sms
+    one = gpu_target(ctas_per_sm=1).num_sms
     key1 = lowered_cache._key(prog, 264)
     assert smem.launch_shape(1) == (512, smem.SMEM_BYTES)
     monkeypatch.setenv("AMK_CTAS_PER_SM", "2")
-    assert gpu_target().num_sms == PassOptions.for_backend("cuda").target.num_sms == 2 * one
-    assert PassOptions.for_backend("reference").target.num_sms == 4       # CPU target unchanged
+    assert gpu_target(ctas_per_sm=2).num_sms == 2 * one
+    assert PassOptions.for_backend("cuda", ctas_per_sm=2).target.num_sms == 2 * one
+    assert PassOptions.for_backend("reference", ctas_per_sm=2).target.num_sms == 4   # CPU target
     assert lowered_cache._key(prog, 264) != key1
     threads, dyn = smem.launch_shape(2)
     assert (threads, dyn) == (256, 64 * 1024)
