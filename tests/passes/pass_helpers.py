@@ -124,11 +124,13 @@ def check_lines(haystack: str, patterns: list[str]) -> None:
         i += 1
 
 
-def golden(program: Program, expected: str) -> None:
-    """The program's text equals `expected` line by line (the first differing line is named).
-    `expected` may be indented; source lines in task names read `small_programs.py:N`."""
+def golden(program: Program, expected: str, start: str = "program ") -> None:
+    """The program's text from its first line starting with `start` ("counters:", "tasks:"
+    when the pass leaves what comes before alone) equals `expected` line by line (the first
+    differing line is named). Source lines in task names read `small_programs.py:N`."""
     got = [re.sub(r"small_programs\.py:\d+", "small_programs.py:N", line)
            for line in text(program).splitlines()]
+    got = got[next(i for i, line in enumerate(got) if line.startswith(start)):]
     want = textwrap.dedent(expected).strip("\n").splitlines()
     for i, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"line {i + 1}:\n  got:  {g}\n  want: {w}\nwhole text:\n" + "\n".join(got)
