@@ -20,10 +20,12 @@ def resolve_device(device, who: str, hint: str) -> torch.device:
     return dev
 
 
-def make_executable(program: Program, backend: str, device: torch.device):
+def make_executable(program: Program, backend: str, device: torch.device,
+                    vm_timeout_s: float | None = None):
+    """vm_timeout_s: the reference VM's wall-clock limit per run (None: its default)."""
     if backend == "reference":
-        from amk.backends.reference.vm import ReferenceVM
-        return ReferenceVM(program, device=device)
+        from amk.backends.reference.vm import DEFAULT_TIMEOUT_S, ReferenceVM
+        return ReferenceVM(program, device=device, timeout_s=vm_timeout_s or DEFAULT_TIMEOUT_S)
     if backend == "cuda":
         if device.type != "cuda":
             raise BackendUnavailable(f"backend 'cuda' needs CUDA tensors; the arguments are on {device}")

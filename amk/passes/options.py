@@ -80,13 +80,13 @@ class PassOptions:
         return DEFAULT_FUSE_RULES if self.fuse_rules is None else tuple(self.fuse_rules)
 
     @staticmethod
-    def for_backend(backend: str, device=None) -> "PassOptions":
-        """Defaults for a backend: a GPU target shaped like the device for cuda; whole-op,
-        unfused tasks for triton (a FUSED recipe there is the same launches plus scratch); CPU
-        otherwise."""
+    def for_backend(backend: str, device=None, ctas_per_sm: int = 1) -> "PassOptions":
+        """Defaults for a backend: a GPU target shaped like the device for cuda (ctas_per_sm
+        queues per SM, see gpu_target); whole-op, unfused tasks for triton (a FUSED recipe there
+        is the same launches plus scratch); CPU otherwise."""
         if backend == "cuda":      # the combine is recomputed by each o-projection tile: no hop;
             # the attention waits for the k/v projections, not for the cache appends
-            return PassOptions(target=gpu_target(device), combine_per_group=False,
+            return PassOptions(target=gpu_target(device, ctas_per_sm), combine_per_group=False,
                                defer_kv_append=True,
                                fuse_rules=DEFAULT_FUSE_RULES + COMBINE_INTO_GEMV)
         if backend == "triton":
@@ -94,20 +94,19 @@ class PassOptions:
         return PassOptions(target=CPU)
 
 
-def gpu_target(device=None) -> Target:
+def gpu_target(device=None, ctas_per_sm: int = 1) -> Target:
     """The preset matching the CUDA device's name, with its real SM count and smem. The cuda
-    backend runs amk.knobs.ctas_per_sm() persistent CTAs on each SM, one queue each, so the
-    target has that many queues per SM (num_sms counts queues; each gets its share of mem_bw)."""
-    from amk import knobs
-    per_sm = knobs.ctas_per_sm()
+    backend runs ctas_per_sm persistent CTAs on each SM (the caller reads the knob), one queue
+    each, so the target has that many queues per SM (num_sms counts queues; each gets its share
+    of mem_bw)."""
     try:
         import torch
         if not torch.cuda.is_available():
-            return H200.with_(num_sms=H200.num_sms * per_sm)
+            return H200.with_(num_sms=H200.num_sms * ctas_per_sm)
         props = torch.cuda.get_device_properties(device if device is not None else 0)
     except Exception:  # no driver: shape for the default target
-        return H200.with_(num_sms=H200.num_sms * per_sm)
+        return H200.with_(num_sms=H200.num_sms * ctas_per_sm)
     base = H100 if "H100" in props.name else H200
     smem = int(getattr(props, "shared_memory_per_block_optin", 0) or base.smem_bytes)
-    return base.with_(name=props.name, num_sms=int(props.multi_processor_count) * per_sm,
+    return base.with_(name=props.name, num_sms=int(props.multi_processor_count) * ctas_per_sm,
                       smem_bytes=smem)

@@ -18,6 +18,8 @@ import numpy as np
 from amk import knobs
 from amk.errors import CompileError
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task
+from amk.program.recipe import (INPUT, OUTPUT, Operand, Recipe, RecipeError, checked_recipe,
+                                recipe_of)
 from amk.program.regions import NEW_KV
 from amk.backends.cuda import abi
 from amk.backends.cuda.smem import XS_MAX, launch_shape
@@ -25,10 +27,8 @@ from amk.backends.cuda.smem import XS_MAX, launch_shape
 # C++ type of each buffer dtype in the templates (bf16/f16 are freestanding bit structs).
 CTYPE = {DType.F32: "float", DType.F16: "f16", DType.BF16: "bf16", DType.I32: "int",
          DType.I64: "long long", DType.I8: "signed char", DType.U8: "unsigned char"}
-RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16,
-                 "int8": DType.I8, "int32": DType.I32,
-                 **{d.short: d for d in (DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8,
-                                         DType.U8)}}
+# The FUSED scratch dtypes the templates handle (recipe dtype names: amk/program/recipe.py).
+SCRATCH_DTYPES = (DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8, DType.U8)
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 HD_MAX = 256            # largest attention head_dim the templates handle
 RMS_RN = 8              # row elements a thread of rms_row holds (the kernel's AMK_RMS_RN)
@@ -601,38 +601,32 @@ def _writes_whole(op: K, p, out: View) -> bool:
     return False
 
 
-def _check_recipe(task, recipe, n_in, n_out) -> None:
+def _check_recipe(task) -> Recipe:
     try:
-        from amk.backends.reference.semantics_fused import validate_recipe
-    except ImportError:          # the oracle module is optional for the backend itself
-        return
-    errs = validate_recipe(recipe, n_in, n_out)
-    if errs:
-        _fail(task, "malformed FUSED recipe: " + "; ".join(errs))
+        return checked_recipe(task.params.get("recipe"), len(task.inputs), len(task.outputs))
+    except RecipeError as e:
+        _fail(task, str(e))
 
 
 def _lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
     """-> (steps [(Encoded, in views, out views)], zero ranges [(off, bytes)], bytes used)."""
-    recipe = task.params.get("recipe")
-    _check_recipe(task, recipe, len(ins), len(outs))
+    recipe = _check_recipe(task)
     slots: dict[int, View] = {}
     off = scratch_base
     steps, zero = [], []
-    for i, st in enumerate(recipe["steps"]):
-        op = K(int(st["op"]))
-        args = [ins[a["in"]] if "in" in a else slots[a["s"]] for a in st.get("args", [])]
-        out = st["out"]
-        sp = st.get("params", {}) or {}
-        if out == "final" or out == -1:
-            target = outs[0]
-        elif isinstance(out, dict):
-            target = outs[out["o"]]
+    for i, st in enumerate(recipe.steps):
+        op = st.op
+        args = [ins[a.index] if a.kind == INPUT else slots[a.index] for a in st.args]
+        sp = st.params
+        if st.out.kind == OUTPUT:
+            target = outs[st.out.index]
         else:
-            od = st.get("out_dtype")
-            if od is not None and od not in RECIPE_DTYPES:
-                _fail(task, f"step {i}: scratch dtype {od!r} is not supported on CUDA")
-            dt = RECIPE_DTYPES[od] if od else args[0].dtype
-            shape = tuple(st["out_shape"]) if st.get("out_shape") is not None else args[0].shape
+            out = st.out.index
+            if st.out_dtype is not None and st.out_dtype not in SCRATCH_DTYPES:
+                _fail(task, f"step {i}: scratch dtype {st.out_dtype.short!r} is not supported "
+                            f"on CUDA")
+            dt = st.out_dtype or args[0].dtype
+            shape = st.out_shape if st.out_shape is not None else args[0].shape
             old = slots.get(out)
             if old is not None and old.shape == shape and old.dtype == dt:
                 target = old
@@ -992,10 +986,10 @@ def _gemv_cols(t: Task) -> tuple[int, int] | None:
     """(n_off, N_tile) of a task that is one GEMV tile or ends in one writing its output."""
     p = t.params
     if t.op == K.FUSED:
-        steps = p.get("recipe", {}).get("steps", [])
-        if not steps or int(steps[-1]["op"]) != int(K.GEMV_TILE) or steps[-1]["out"] not in ("final", -1):
+        steps = recipe_of(t).steps
+        if steps[-1].op is not K.GEMV_TILE or steps[-1].out != Operand(OUTPUT, 0):
             return None
-        p = steps[-1].get("params", {}) or {}
+        p = steps[-1].params
     elif t.op != K.GEMV_TILE:
         return None
     return (int(p["n_off"]), int(p["N_tile"])) if "n_off" in p and "N_tile" in p else None

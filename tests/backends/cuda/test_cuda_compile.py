@@ -8,6 +8,7 @@ pytest.importorskip("cuda.bindings")
 
 from amk.errors import CompileError
 from amk.program.ir import DType, InstructionKind
+from amk.program.recipe import recipe_of
 from amk.backends.cuda import abi, codegen, compile_source, examples, render, smem
 from amk.backends.cuda.lower import lower_program
 from amk.models.presets import LLAMA_3_2_1B, random_model
@@ -250,7 +251,7 @@ def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_
         if t.op != K.FUSED:
             assert d["n_ptr_all"] == d["n_in"] + d["n_out"]
             continue
-        ops = tuple(K(int(s["op"])) for s in t.params["recipe"]["steps"])
+        ops = tuple(s.op for s in recipe_of(t).steps)
         seen.add(ops)
         assert d["n_zero"] == 0, ops
         subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]
@@ -316,12 +317,13 @@ def test_two_ctas_per_sm_render_256_threads_that_fit_twice_in_an_sm(cache, monke
     monkeypatch.delenv("AMK_GEMV_RING", raising=False)
     prog = examples.combined_program()
     monkeypatch.setenv("AMK_CTAS_PER_SM", "1")
-    one = gpu_target().num_sms
+    one = gpu_target(ctas_per_sm=1).num_sms
     key1 = lowered_cache._key(prog, 264)
     assert smem.launch_shape(1) == (512, smem.SMEM_BYTES)
     monkeypatch.setenv("AMK_CTAS_PER_SM", "2")
-    assert gpu_target().num_sms == PassOptions.for_backend("cuda").target.num_sms == 2 * one
-    assert PassOptions.for_backend("reference").target.num_sms == 4       # CPU target unchanged
+    assert gpu_target(ctas_per_sm=2).num_sms == 2 * one
+    assert PassOptions.for_backend("cuda", ctas_per_sm=2).target.num_sms == 2 * one
+    assert PassOptions.for_backend("reference", ctas_per_sm=2).target.num_sms == 4   # CPU target
     assert lowered_cache._key(prog, 264) != key1
     threads, dyn = smem.launch_shape(2)
     assert (threads, dyn) == (256, 64 * 1024)
