@@ -102,22 +102,15 @@ def cmd_generate(args) -> int:
 def cmd_ir(args) -> int:
     # Thin on purpose: the stage texts and dumps belong to amk.passes (the lead's), this only
     # picks the model and the output folder.
-    import os
     from pathlib import Path
+    from amk.passes.dump import dump_stages
     with _status(f"loading {args.model}..."):
         model = load_model(args.model, args.max_seq, device="meta")   # presets: no memory
     if str(model.device) != "meta":
         _place(model, args)
-    before = os.environ.get("AMK_DUMP_IR")
-    os.environ["AMK_DUMP_IR"] = str(Path(args.dump).resolve())  # dump_stages reads the knob
-    try:
-        with _status("tracing and running the passes..."):
-            low = model.lower(args.backend)
-    finally:
-        if before is None:
-            del os.environ["AMK_DUMP_IR"]
-        else:
-            os.environ["AMK_DUMP_IR"] = before
+    with _status("tracing and running the passes..."):
+        low = model.lower(args.backend)
+    dump_stages(low, Path(args.dump).resolve())
     if args.stats:
         from amk.passes.stats import stats_line
         target = low.options.target

@@ -1,6 +1,8 @@
 """The graph IR: what tracing produces. Immutable, hash-consed, printable, verified.
 
-    { lambda params.embed:f32[64,16] token:i32[1] ... .
+    { lambda
+        params.embed:f32[64,16]
+        token:i32[1] .
       %4:f32[1,16] = embed params.embed token          # model.py:12
       ...
       in (%17, %9) }
@@ -14,8 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from amk.buffer_kinds import BufferKind
+from amk.dtypes import DType
 from amk.errors import TraceError
-from amk.program.ir import BufferKind, DType
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,9 @@ def graph_to_text(g: Graph) -> str:
     names: dict[int, str] = {}
     for v, p in zip(g.inputs, g.input_paths):
         names[v.id] = p
-    ins = " ".join(f"{p}:{v.aval}" for v, p in zip(g.inputs, g.input_paths))
-    lines = [f"{{ lambda {ins} ."]
+    # one input per line: a model has hundreds of weights
+    ins = [f"    {p}:{v.aval}" for v, p in zip(g.inputs, g.input_paths)]
+    lines = ["{ lambda", *ins[:-1], f"{ins[-1]} ."] if ins else ["{ lambda ."]
     for e in g.eqns:
         outs = " ".join(f"%{o.id}:{o.aval}" for o in e.outputs)
         args = " ".join(names.get(v.id, f"%{v.id}") for v in e.inputs)

@@ -80,7 +80,8 @@ class Lowered:
 
     def executable(self, backend: str, device: torch.device):
         from amk.backends import make_executable
-        return make_executable(self.program, backend, device, self.cuda_options)
+        return make_executable(self.program, backend, device, self.cuda_options,
+                               vm_timeout_s=knobs.vm_timeout_s())
 
 
 def _default_backend(device: torch.device) -> str:
@@ -167,12 +168,13 @@ class Jitted:
         self.trace_count += 1
         t1 = time.perf_counter()
         opts = self.options if self.options is not None else PassOptions.for_backend(backend, device)
-        program, programs = run_pipeline_cached(graph, opts)
+        debug = knobs.debug()          # the pass and dump knobs, read once per compile
+        program, programs = run_pipeline_cached(graph, opts, knobs.cache_dir(), debug)
         t2 = time.perf_counter()
         low = Lowered(graph, program, programs, out_td, opts,
                       {"trace_s": t1 - t0, "passes_s": t2 - t1, "cache_hit": programs is None},
                       backend, self.cuda_options)
-        dump_stages(low)
+        dump_stages(low, knobs.dump_ir_dir(), knobs.print_ir_after(), debug)
         return low
 
     def _prepare(self, args, kwargs):

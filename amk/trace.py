@@ -13,9 +13,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from amk import pytree
+from amk.buffer_kinds import BufferKind
+from amk.dtypes import DType
 from amk.errors import TraceError
 from amk.graph import Aval, Eqn, Graph, Var, verify_graph
-from amk.program.ir import BufferKind, DType
 
 _AMK_DIR = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = (os.path.join(_AMK_DIR, "ops"), os.path.join(_AMK_DIR, "trace.py"))

@@ -20,11 +20,13 @@ def resolve_device(device, who: str, hint: str) -> torch.device:
     return dev
 
 
-def make_executable(program: Program, backend: str, device: torch.device, cuda_options=None):
-    """cuda_options: the CUDA backend's CudaOptions (None: its defaults)."""
+def make_executable(program: Program, backend: str, device: torch.device, cuda_options=None,
+                    vm_timeout_s: float | None = None):
+    """cuda_options: the CUDA backend's CudaOptions (None: its defaults); vm_timeout_s: the
+    reference VM's wall-clock limit per run (None: its default)."""
     if backend == "reference":
-        from amk.backends.reference.vm import ReferenceVM
-        return ReferenceVM(program, device=device)
+        from amk.backends.reference.vm import DEFAULT_TIMEOUT_S, ReferenceVM
+        return ReferenceVM(program, device=device, timeout_s=vm_timeout_s or DEFAULT_TIMEOUT_S)
     if backend == "cuda":
         if device.type != "cuda":
             raise BackendUnavailable(f"backend 'cuda' needs CUDA tensors; the arguments are on {device}")

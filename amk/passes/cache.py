@@ -11,7 +11,6 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
-from amk import knobs
 from amk.diskcache import read_pickle, write_pickle
 from amk.graph import Graph
 from amk.program.ir import Program
@@ -42,12 +41,13 @@ def cache_key(graph: Graph, opts, pipeline) -> str:
     return h.hexdigest()[:32]
 
 
-def _path(key: str) -> Path:
-    return knobs.cache_dir() / "programs" / f"{key}.pkl"
+def _path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / "programs" / f"{key}.pkl"
 
 
-def load(key: str) -> Program | None:
-    prog = read_pickle(_path(key))
+def load(cache_dir: Path, key: str) -> Program | None:
+    """The program stored under `key` in cache_dir (AMK_CACHE_DIR, read at the edge), or None."""
+    prog = read_pickle(_path(cache_dir, key))
     if not isinstance(prog, Program):
         return None
     from amk.program.validate import ValidationResult, remember
@@ -55,5 +55,5 @@ def load(key: str) -> Program | None:
     return prog
 
 
-def store(key: str, program: Program) -> None:
-    write_pickle(_path(key), program)
+def store(cache_dir: Path, key: str, program: Program) -> None:
+    write_pickle(_path(cache_dir, key), program)

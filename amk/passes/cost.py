@@ -12,6 +12,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 from amk.passes.options import H200, Target
 from amk.program.ir import Buffer, DType, InstructionKind as K, Task
+from amk.program.recipe import INPUT, OUTPUT, recipe_of
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)
 _ITEMSIZE = {d: d.itemsize for d in DType if d is not DType.I4}
@@ -92,17 +93,11 @@ def task_cost(task: Task, buffers: Sequence[Buffer]) -> Cost:
         return step_cost(task.op, [buffers[b] for b in task.inputs], out, task.params,
                          out.cols if out is not None else None)
     total = Cost(0.0, 0.0)
-    for st in task.params["recipe"]["steps"]:
-        ins = [buffers[task.inputs[a["in"]]] if "in" in a else None for a in st.get("args", [])]
-        o = st["out"]
-        if o == "final" or o == -1:
-            out = buffers[task.outputs[0]]
-        elif isinstance(o, dict):
-            out = buffers[task.outputs[o["o"]]]
-        else:
-            out = None
-        cols = out.cols if out is not None else (st.get("out_shape") or [0])[-1]
-        total = total + step_cost(K(int(st["op"])), ins, out, st.get("params", {}), cols)
+    for st in recipe_of(task).steps:
+        ins = [buffers[task.inputs[a.index]] if a.kind == INPUT else None for a in st.args]
+        out = buffers[task.outputs[st.out.index]] if st.out.kind == OUTPUT else None
+        cols = out.cols if out is not None else (st.out_shape or (0,))[-1]
+        total = total + step_cost(st.op, ins, out, st.params, cols)
     return total
 
 

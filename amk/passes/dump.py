@@ -1,11 +1,10 @@
-"""Stage dumps: AMK_DUMP_IR=DIR writes one folder per compiled function; AMK_PRINT_IR_AFTER prints
-stages to stderr. The same texts are `Lowered.stages`."""
+"""Stage dumps: one folder per compiled function (AMK_DUMP_IR=DIR), stages printed to stderr
+(AMK_PRINT_IR_AFTER, AMK_DEBUG>=3). The edge (amk/jit.py, amk/cli.py) reads those knobs and
+passes their values. The same texts are `Lowered.stages`."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-from amk import knobs
 
 _REPRO = '''"""Reproduce: re-parse the final program, validate it and run it on the reference VM with
 random inputs. python repro.py"""
@@ -44,10 +43,10 @@ def _unique_dir(root: Path, name: str) -> Path:
     return d
 
 
-def dump_stages(low) -> None:
-    root = knobs.dump_ir_dir()
-    which = knobs.print_ir_after()
-    if root is None and not which and knobs.debug() < 3:
+def dump_stages(low, root: Path | None = None, which: str = "", debug: int = 0) -> None:
+    """Write low's stages to a new folder under root (if given); print the stages named in
+    `which` ("all" or "<pass>[,<pass>]", or every stage at debug >= 3) to stderr."""
+    if root is None and not which and debug < 3:
         return
     stages = low.stages
     if root is not None:
@@ -63,6 +62,6 @@ def dump_stages(low) -> None:
         print(f"[amk] dumped {len(stages)} stages of {low.graph.name} to {d}", file=sys.stderr)
     wanted = set(which.split(",")) if which else set()
     for i, (name, text) in enumerate(stages.items()):
-        backend_stage = i > len(low.programs)             # printed from AMK_DEBUG=4 on
-        if knobs.debug() >= 3 + backend_stage or "all" in wanted or name in wanted:
+        backend_stage = i > len(low.programs)             # printed from debug level 4 on
+        if debug >= 3 + backend_stage or "all" in wanted or name in wanted:
             print(f"// ----- {low.graph.name}: after {name} -----\n{text}", file=sys.stderr)

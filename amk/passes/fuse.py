@@ -19,11 +19,12 @@ Buffers nobody touches any more are dropped and ids renumbered densely; then `re
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from typing import Any
+from dataclasses import dataclass, replace
 
 from amk.passes.options import PassOptions
 from amk.passes.sync import rebuilt, regions_of, remember_regions, resync, without_gc
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
+from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Operand, Recipe, Step, recipe_of
 from amk.program.regions import Region
 
 # Ops cheap enough to recompute in every reader (no weight matrix streamed). A combine reads
@@ -32,71 +33,60 @@ from amk.program.regions import Region
 CHEAP = frozenset({K.RMSNORM, K.LAYERNORM, K.ROPE, K.ADD, K.MUL, K.SILU_MUL, K.GELU, K.COPY,
                    K.ATTENTION_COMBINE})
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
-_RECIPE_DTYPE = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16",
-                 DType.I32: "int32", DType.I8: "int8"}
-
-# A step while fusing: args/out are ("b", buffer id) or ("s", scratch id); scratch ids are
-# unique across the whole pass, and renumbered per task at the end.
-Step = dict
 
 
-def recipe_dtype(dt: DType) -> str:
-    return _RECIPE_DTYPE.get(dt, dt.short)
+# A step while fusing: a recipe Step whose operands are ("b", buffer id) or ("s", scratch id)
+# (scratch ids unique across the whole pass); to_task turns them into the task's Operands.
+@dataclass(frozen=True)
+class _Step:
+    op: K
+    args: tuple[tuple[str, int], ...]
+    out: tuple[str, int]
+    params: dict
+    out_shape: tuple[int, ...] | None = None
+    out_dtype: DType | None = None
 
 
-def steps_of(task: Task, fresh) -> list[Step]:
+def steps_of(task: Task, fresh) -> list[_Step]:
     if task.op is not K.FUSED:
-        return [{"op": int(task.op), "args": [("b", b) for b in task.inputs],
-                 "out": ("b", task.outputs[0]), "params": dict(task.params)}]
+        return [_Step(task.op, tuple(("b", b) for b in task.inputs), ("b", task.outputs[0]),
+                      dict(task.params))]
     local: dict[int, int] = {}
     steps = []
-    for st in task.params["recipe"]["steps"]:
-        args = [("b", task.inputs[a["in"]]) if "in" in a else ("s", local[a["s"]])
-                for a in st.get("args", [])]
-        o = st["out"]
-        if o == "final" or o == -1:
-            out = ("b", task.outputs[0])
-        elif isinstance(o, dict):
-            out = ("b", task.outputs[o["o"]])
+    for st in recipe_of(task).steps:
+        args = tuple(("b", task.inputs[a.index]) if a.kind == INPUT else ("s", local[a.index])
+                     for a in st.args)
+        if st.out.kind == OUTPUT:
+            out = ("b", task.outputs[st.out.index])
         else:
-            local[o] = fresh()
-            out = ("s", local[o])
-        s = {"op": int(st["op"]), "args": args, "out": out, "params": dict(st.get("params", {}))}
-        for k in ("out_shape", "out_dtype"):
-            if k in st:
-                s[k] = st[k]
-        steps.append(s)
+            local[st.out.index] = fresh()
+            out = ("s", local[st.out.index])
+        steps.append(_Step(st.op, args, out, dict(st.params), st.out_shape, st.out_dtype))
     return steps
 
 
 def root_op(task: Task) -> K:
-    if task.op is not K.FUSED:
-        return task.op
-    for st in task.params["recipe"]["steps"]:
-        if st["out"] in ("final", -1) or st["out"] == {"o": 0}:
-            return K(int(st["op"]))
-    return K.FUSED
+    return recipe_of(task).root_op() if task.op is K.FUSED else task.op
 
 
-def _cse(steps: list[Step]) -> list[Step]:
+def _cse(steps: list[_Step]) -> list[_Step]:
     """Drop a step identical to an earlier scratch-writing one (same op, args, params, type)."""
     seen: dict[str, tuple] = {}
     alias: dict[tuple, tuple] = {}
     out = []
     for st in steps:
-        st = {**st, "args": [alias.get(a, a) for a in st["args"]]}
-        if st["out"][0] == "s":
-            key = repr((st["op"], st["args"], sorted(st["params"].items()),
-                        st.get("out_shape"), st.get("out_dtype")))
+        st = replace(st, args=tuple(alias.get(a, a) for a in st.args))
+        if st.out[0] == "s":
+            key = repr((st.op, st.args, sorted(st.params.items()), st.out_shape, st.out_dtype))
             if key in seen:
-                alias[st["out"]] = seen[key]
+                alias[st.out] = seen[key]
                 continue
-            seen[key] = st["out"]
+            seen[key] = st.out
         out.append(st)
     return out
 
 
-def to_task(steps: list[Step], like: Task, name: str) -> Task:
+def to_task(steps: list[_Step], like: Task, name: str) -> Task:
     """A FUSED task writing like.outputs, from global-ref steps."""
     inputs: list[int] = []
     pos: dict[int, int] = {}
@@ -105,26 +95,19 @@ def to_task(steps: list[Step], like: Task, name: str) -> Task:
     rsteps = []
     for st in steps:
         args = []
-        for kind, v in st["args"]:
+        for kind, v in st.args:
             if kind == "b":
                 if v not in pos:
                     pos[v] = len(inputs)
                     inputs.append(v)
-                args.append({"in": pos[v]})
+                args.append(Operand(INPUT, pos[v]))
             else:
-                args.append({"s": scratch[v]})
-        kind, v = st["out"]
-        if kind == "b":
-            k = out_index[v]
-            out: Any = "final" if k == 0 else {"o": k}
-        else:
-            out = scratch.setdefault(v, len(scratch))
-        r = {"op": st["op"], "args": args, "out": out, "params": st["params"]}
-        for key in ("out_shape", "out_dtype"):
-            if key in st:
-                r[key] = st[key]
-        rsteps.append(r)
-    return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": {"steps": rsteps}},
+                args.append(Operand(SCRATCH, scratch[v]))
+        kind, v = st.out
+        out = (Operand(OUTPUT, out_index[v]) if kind == "b"
+               else Operand(SCRATCH, scratch.setdefault(v, len(scratch))))
+        rsteps.append(Step(st.op, tuple(args), out, st.params, st.out_shape, st.out_dtype))
+    return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": Recipe(tuple(rsteps))},
                 like.waits, like.out_counter, name)
 
 
@@ -260,7 +243,7 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         if not users or users[0] < a:
             continue
         a_steps = steps_of(A, fresh)
-        if len(users) > 1 and not all(K(s["op"]) in CHEAP for s in a_steps):
+        if len(users) > 1 and not all(s.op in CHEAP for s in a_steps):
             continue
         ra = root_op(A)
         last = users[-1]
@@ -274,13 +257,12 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
             continue
         sid = fresh()
         yb = bufs[y]
-        head = [{**s, "out": ("s", sid), "out_shape": list(yb.shape),
-                 "out_dtype": recipe_dtype(yb.dtype)} if s["out"] == ("b", y) else s
-                for s in a_steps]
-        tag = "+".join(K(s["op"]).name.lower() for s in a_steps)
+        head = [replace(s, out=("s", sid), out_shape=yb.shape, out_dtype=yb.dtype)
+                if s.out == ("b", y) else s for s in a_steps]
+        tag = "+".join(s.op.name.lower() for s in a_steps)
         for b in users:
             B = tasks[b]
-            tail = [{**s, "args": [("s", sid) if x == ("b", y) else x for x in s["args"]]}
+            tail = [replace(s, args=tuple(("s", sid) if x == ("b", y) else x for x in s.args))
                     for s in steps_of(B, fresh)]
             nb = to_task(_cse(head + tail), B, f"{B.name} +{tag}")
             b_reads, b_writes = regions[b]

@@ -86,8 +86,9 @@ LOWERING: dict[str, Callable[[Eqn, list[Var]], tuple[K, dict]]] = {
 }
 
 
-def _input_order(e: Eqn) -> list[Var]:
-    # EMBED takes (ids, table) in the seed's order; the op API takes (table, ids).
+def operand_order(e: Eqn) -> list[Var]:
+    """The equation's inputs in its opcode's operand order (the graph interpreter uses it too).
+    EMBED takes (ids, table) in the seed's order; the op API takes (table, ids)."""
     if e.prim == "embed":
         return [e.inputs[1], e.inputs[0]]
     return list(e.inputs)
@@ -180,7 +181,7 @@ def lower(g: Graph, opts=None) -> Program:
         if rule is None:
             raise TraceError(f"lower: no lowering for primitive {e.prim!r} (at {e.src})")
         op, params = rule(e, list(e.inputs))
-        ins = [b.buf_of[v.id] for v in _input_order(e)]
+        ins = [b.buf_of[v.id] for v in operand_order(e)]
         out = b.out_buffer(e.outputs[0])
         b.task(op, ins, [out], params, name)
 

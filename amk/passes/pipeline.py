@@ -1,16 +1,17 @@
 """The pass pipeline: one ordered list of named passes, graph -> Program.
 
-Every pass is a pure function of (IR, options). Under AMK_DEBUG>=1 the validator runs after
-every pass (and timings go to stderr); it always runs at the end. Each stage's IR can be printed
-(AMK_PRINT_IR_AFTER), dumped to a folder (AMK_DUMP_IR) or read back from `Lowered.stages`.
+Every pass is a pure function of (IR, options). At debug >= 1 (AMK_DEBUG, read by amk/jit.py
+and handed down) the validator runs after every pass (and timings go to stderr); it always runs
+at the end. Each stage's IR can be printed or dumped (passes/dump.py) or read back from
+`Lowered.stages`. Nothing here reads the environment.
 """
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
-from amk import knobs
 from amk.errors import ValidationError
 from amk.graph import Graph
 from amk.passes.allocate_counters import allocate_counters
@@ -48,10 +49,10 @@ def check(program: Program, after: str) -> None:
 
 
 def run_pipeline(graph: Graph, opts: PassOptions | None = None,
-                 stop_after: str | None = None) -> dict[str, Program]:
-    """Run the passes; returns {pass name: program after it}, in pipeline order."""
+                 stop_after: str | None = None, debug: int = 0) -> dict[str, Program]:
+    """Run the passes; returns {pass name: program after it}, in pipeline order. debug: the
+    AMK_DEBUG level (1 verify and time every pass, 2 print the schedule summary)."""
     opts = opts or PassOptions()
-    debug = knobs.debug()
     stages: dict[str, Program] = {}
     ir = graph
     for name, fn in PIPELINE:
@@ -74,16 +75,19 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
     return stages
 
 
-def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None
+def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None,
+                        cache_dir: Path | None = None, debug: int = 0
                         ) -> tuple[Program, dict[str, Program] | None]:
-    """(final program, every stage) — or (final program, None) when the disk cache had it."""
+    """(final program, every stage) — or (final program, None) when the disk cache in
+    `cache_dir` had it (None: no disk cache)."""
     from amk.passes import cache
     opts = opts or PassOptions()
     key = cache.cache_key(graph, opts, PIPELINE)
-    program = cache.load(key)
+    program = cache.load(cache_dir, key) if cache_dir is not None else None
     if program is not None:
         return program, None
-    stages = run_pipeline(graph, opts)
+    stages = run_pipeline(graph, opts, debug=debug)
     program = stages[PIPELINE[-1][0]]
-    cache.store(key, program)
+    if cache_dir is not None:
+        cache.store(cache_dir, key, program)
     return program, stages

@@ -1,8 +1,9 @@
 """The schedule IR: the contract between the passes and the backends.
 
 A Program is a set of tasks that synchronise only through monotonic counters. Every field
-name follows the customer's seed (Buffer, Counter, Wait, Task); the enums below are the one
-source of truth for opcodes and dtypes (the CUDA ABI header is generated from them).
+name follows the customer's seed (Buffer, Counter, Wait, Task); InstructionKind below is the one
+source of truth for opcodes (the CUDA ABI header is generated from it, and from amk/dtypes.py's
+DType, re-exported here with amk/buffer_kinds.py's BufferKind so `amk.program.ir` names them all).
 
 Conventions every consumer relies on (see docs/PROGRAM.md for the per-opcode table):
   * a task fires when every wait ``counter >= threshold + per_step * (epoch - 1)`` holds, where
@@ -19,7 +20,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-import torch
+from amk.buffer_kinds import BufferKind
+from amk.dtypes import DType
+
+__all__ = ["InstructionKind", "DType", "BufferKind", "Buffer", "Counter", "Wait", "Task",
+           "Program"]
 
 
 class InstructionKind(enum.IntEnum):
@@ -44,67 +49,6 @@ class InstructionKind(enum.IntEnum):
     ALLREDUCE_SHARD = 18
     FUSED = 19
     SOFTCAP = 20        # y = cap * tanh(x / cap); cap = 1 is tanh (Gemma 2's soft-capping)
-
-
-class DType(enum.IntEnum):
-    """Dtype codes, frozen (the seed fixes I8 = 6 and I4 = 7)."""
-    F32 = 0
-    F16 = 1
-    BF16 = 2
-    I32 = 3
-    U8 = 4
-    BOOL = 5
-    I8 = 6
-    I4 = 7          # a quantization code, never a buffer dtype: int4 weights live in U8 buffers
-    F8E4M3 = 8
-    F8E5M2 = 9
-    I64 = 10
-
-    @property
-    def torch(self) -> torch.dtype:
-        if self is DType.I4:
-            raise ValueError("I4 is a quantization code; int4 weights are stored as U8 buffers")
-        return _TO_TORCH[self]
-
-    @property
-    def itemsize(self) -> int:
-        if self is DType.I4:
-            return self.torch          # raises: I4 is a code, its storage is U8
-        return _ITEMSIZE[self]
-
-    @property
-    def short(self) -> str:
-        return self.name.lower()
-
-    @staticmethod
-    def of(dt: torch.dtype) -> "DType":
-        try:
-            return _FROM_TORCH[dt]
-        except KeyError:
-            raise TypeError(f"AMK has no dtype for torch {dt}") from None
-
-    @staticmethod
-    def parse(s: str) -> "DType":
-        return DType[s.upper()]
-
-
-_TO_TORCH = {
-    DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16,
-    DType.I32: torch.int32, DType.U8: torch.uint8, DType.BOOL: torch.bool,
-    DType.I8: torch.int8, DType.F8E4M3: torch.float8_e4m3fn, DType.F8E5M2: torch.float8_e5m2,
-    DType.I64: torch.int64,
-}
-_FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
-_ITEMSIZE = {k: torch.empty((), dtype=v).element_size() for k, v in _TO_TORCH.items()}
-
-
-class BufferKind(enum.IntEnum):
-    IO_INPUT = 0     # a runtime input (token ids, decode position)
-    IO_OUTPUT = 1    # returned to the caller
-    WEIGHT = 2       # model parameter, read only
-    CONST = 3        # a table the compiler made (rope frequencies), read only
-    KV_CACHE = 4     # persistent state, updated in place
-    ACTIVATION = 5   # scratch between tasks, owned by the backend
 
 
 @dataclass(frozen=True)

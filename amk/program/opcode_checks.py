@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Task
+from amk.program.recipe import recipe_errors
 from amk.program.regions import NEW_KV, PARTIAL_WRITE
 
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
@@ -313,9 +314,7 @@ def _dequant(c: _Ctx) -> None:
 
 
 def _fused(c: _Ctx) -> None:
-    from amk.backends.reference.semantics import validate_recipe   # lands with the reference VM
-    recipe = c.p.get("recipe")
-    for msg in validate_recipe(recipe, len(c.ins), len(c.outs)):
+    for msg in recipe_errors(c.p.get("recipe"), len(c.ins), len(c.outs)):
         c.bad(f"malformed recipe: {msg}")
 
 

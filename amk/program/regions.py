@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from amk.program.ir import Buffer, InstructionKind as K, Task
+from amk.program.recipe import INPUT, OUTPUT, parse_recipe
 
 
 class Region(NamedTuple):
@@ -161,24 +162,15 @@ def _fused_regions(task: Task, width):
     """Union over recipe steps of the regions on external operands (scratch is private)."""
     reads: list[Region] = []
     writes: list[Region] = []
-    recipe = task.params.get("recipe") or {}
-    for step in recipe.get("steps") or []:
-        ins: list[int | None] = []
-        for a in step.get("args") or []:
-            ins.append(task.inputs[int(a["in"])] if "in" in a else None)
-        out = step.get("out")
-        if out == "final" or out == -1:
-            o: int | None = task.outputs[0]
-        elif isinstance(out, Mapping):
-            o = task.outputs[int(out["o"])]
-        else:
-            o = None
-        if o is not None:
+    for step in parse_recipe(task.params.get("recipe")).steps:
+        ins = [task.inputs[a.index] if a.kind == INPUT else None for a in step.args]
+        if step.out.kind == OUTPUT:
+            o: int | None = task.outputs[step.out.index]
             ow: int | None = width(o)
         else:
-            shape = step.get("out_shape")
-            ow = int(shape[-1]) if shape else None
-        r, w = _op_regions(K(int(step["op"])), ins, [o], step.get("params") or {}, width, ow)
+            o = None
+            ow = step.out_shape[-1] if step.out_shape else None
+        r, w = _op_regions(step.op, ins, [o], step.params, width, ow)
         reads += r
         writes += w
     return _merge(reads), _merge(writes)

@@ -11,8 +11,9 @@
       q0 (t0,t1,t12)
 
 Both forms round-trip exactly: `parse_program(program_to_text(p)) == p`. Params are a JSON
-object (nested recipes, inf/-inf, bools); tuples are kept as {"__tuple__": [...]}. Names that
-are not one plain word are JSON-quoted.
+object (inf/-inf, bools); tuples are kept as {"__tuple__": [...]}; a FUSED recipe is its dict
+form with op names (amk/program/recipe.py) and is read back into a Recipe. Names that are not
+one plain word are JSON-quoted.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any, Mapping
 from amk.errors import AmkError
 from amk.program.ir import (Buffer, BufferKind, Counter, DType, InstructionKind, Program, Task,
                             Wait)
+from amk.program.recipe import Recipe, RecipeError, parse_recipe
 
 FORMAT = "amk.program/1"
 
@@ -41,6 +43,8 @@ _TUPLE = "__tuple__"
 def _encode(v: Any, where: str) -> Any:
     if isinstance(v, bool) or v is None or isinstance(v, str):
         return v
+    if isinstance(v, Recipe):
+        return _encode(v.to_dict(), where)      # op names, not numbers
     if isinstance(v, enum.Enum):
         return v.value
     if isinstance(v, (int, float)):
@@ -65,6 +69,17 @@ def _decode_hook(d: dict) -> Any:
     if len(d) == 1 and _TUPLE in d:
         return tuple(d[_TUPLE])
     return d
+
+
+def _task_params(op: InstructionKind, params: dict, where: str) -> dict:
+    """Decoded params, with a FUSED task's recipe read back into a Recipe."""
+    if op is InstructionKind.FUSED and "recipe" in params:
+        try:
+            params["recipe"] = parse_recipe(params["recipe"])
+        except RecipeError as e:
+            raise ProgramParseError(f"{where}: malformed FUSED recipe:\n  "
+                                    + str(e).replace("\n", "\n  ")) from None
+    return params
 
 
 def params_to_json(params: Mapping[str, Any], where: str = "params") -> str:
@@ -196,7 +211,8 @@ def _parse_task(line: str, where: str) -> Task:
     except KeyError:
         raise ProgramParseError(f"{where}: unknown opcode {m.group(2)!r}") from None
     return Task(int(m.group(1)), op, _id_list(m.group(3), "b", where),
-                _id_list(m.group(4), "b", where), params, tuple(waits), int(m.group(6)), name)
+                _id_list(m.group(4), "b", where), _task_params(op, params, where), tuple(waits),
+                int(m.group(6)), name)
 
 
 def parse_program(text: str) -> Program:
@@ -274,7 +290,9 @@ def program_from_json(d: Mapping[str, Any] | str) -> Program:
                                tuple(b["shape"]), b.get("source", "")) for b in d["buffers"])
         counters = tuple(Counter(c["id"], c.get("init", 0)) for c in d["counters"])
         tasks = tuple(Task(t["id"], InstructionKind[t["op"]], tuple(t["inputs"]),
-                           tuple(t["outputs"]), _params_from(t.get("params", {})),
+                           tuple(t["outputs"]),
+                           _task_params(InstructionKind[t["op"]], _params_from(t.get("params", {})),
+                                        f"task t{t['id']}"),
                            tuple(Wait(c, th) for c, th in t.get("waits", [])),
                            t["out_counter"], t.get("name", "")) for t in d["tasks"])
     except (KeyError, TypeError, ValueError) as e:

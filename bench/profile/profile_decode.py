@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # amk and bench w
 
 from amk.passes.cost import task_cost  # noqa: E402
 from amk.program.ir import BufferKind, InstructionKind as K  # noqa: E402
+from amk.program.recipe import recipe_of  # noqa: E402
 from bench.gpu_tool import have_gpu, parser  # noqa: E402
 from bench.llama_step import cuda_step  # noqa: E402
 
@@ -32,7 +33,7 @@ _LAYER = re.compile(r"(?:layers|kv)\.(\d+)\.")
 
 def task_kind(task, bufs) -> str:
     """A short name: the 2-D weight it streams (wq, w_gate, lm_head...) or its op(s)."""
-    ops = ([K(int(s["op"])).name for s in task.params["recipe"]["steps"]]
+    ops = ([s.op.name for s in recipe_of(task).steps]
            if task.op is K.FUSED else [task.op.name])
     for b in task.inputs:
         buf = bufs[b]

@@ -3,6 +3,7 @@ a reference-VM runner, and a FileCheck-style matcher over the program's text."""
 from __future__ import annotations
 
 import re
+import textwrap
 
 import torch
 
@@ -91,6 +92,21 @@ def run(program: Program, binds, order: str = "program", seed: int = 0) -> list[
     return [t.clone() for t in ReferenceVM(program, order=order, seed=seed).run(fresh)]
 
 
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert torch.equal(x, y), (x - y).abs().max() if x.is_floating_point() else (x, y)
+
+
+def close(a, b):
+    for x, y in zip(a, b):
+        if x.is_floating_point():
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(x, y)
+
+
 def text(program: Program) -> str:
     from amk.program.text import program_to_text
     return program_to_text(program)
@@ -106,3 +122,16 @@ def check_lines(haystack: str, patterns: list[str]) -> None:
             i += 1
         assert i < len(lines), f"no line matching {p!r} (in order) in:\n{haystack[:4000]}"
         i += 1
+
+
+def golden(program: Program, expected: str, start: str = "program ") -> None:
+    """The program's text from its first line starting with `start` ("counters:", "tasks:"
+    when the pass leaves what comes before alone) equals `expected` line by line (the first
+    differing line is named). Source lines in task names read `small_programs.py:N`."""
+    got = [re.sub(r"small_programs\.py:\d+", "small_programs.py:N", line)
+           for line in text(program).splitlines()]
+    got = got[next(i for i, line in enumerate(got) if line.startswith(start)):]
+    want = textwrap.dedent(expected).strip("\n").splitlines()
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"line {i + 1}:\n  got:  {g}\n  want: {w}\nwhole text:\n" + "\n".join(got)
+    assert len(got) == len(want), "\n".join(got)

@@ -4,7 +4,9 @@ depends on the appends, and the pass leaves alone what it cannot prove safe."""
 import pytest
 import torch
 
-from pass_helpers import OPTS, bindings, llama_program, run, run_passes
+from pass_helpers import OPTS, bindings, golden, llama_program, run, run_passes
+
+from small_programs import TWO_SMS, attention_program
 
 from amk.testing import cuda_examples as examples
 from amk.backends.reference.semantics_attention import attention_tile
@@ -15,6 +17,19 @@ from amk.program.regions import NEW_KV
 from amk.program.validate import validate
 
 DEFER = OPTS.with_(defer_kv_append=True)
+GOLDEN = """
+tasks:
+  t0 ATTENTION_TILE in=(b0,b4,b5,b3,b1,b2) out=(b6) waits=() -> c0 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 4} # attention @ small_programs.py:N
+  t1 KV_APPEND in=(b1,b3) out=(b4) waits=(c0>=1) -> c1 {} # kv_update @ small_programs.py:N
+  t2 KV_APPEND in=(b2,b3) out=(b5) waits=(c0>=1) -> c2 {} # kv_update @ small_programs.py:N
+"""
+
+
+def test_defer_kv_append_golden_text():
+    # the attention reads the new rows (flags 4 = NEW_KV, inputs + new.k, new.v) at once; the
+    # appends wait for it, since it reads the rows they overwrite
+    golden(defer_kv_append(attention_program(), TWO_SMS.with_(defer_kv_append=True)),
+           GOLDEN, start="tasks:")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from amk.models.llama import DecoderConfig
 from amk.passes.options import H200, PassOptions
 from amk.passes.place import placement_balance
 from amk.program.ir import DType, InstructionKind as K
+from amk.program.recipe import recipe_of
 from amk.program.validate import validate
 
 LLAMA_1B = DecoderConfig(vocab=128256, hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8,
@@ -29,7 +30,7 @@ def test_llama_1b_pipeline_shape():
     assert {tiles["wq"][0].params["N_tile"], tiles["wo"][0].params["N_tile"]} == {24, 16}
     assert len([t for t in st["tile"].tasks if "lm_head" in t.name]) == 132
     att = [t for t in p.tasks if t.op is K.FUSED and
-           K(t.params["recipe"]["steps"][-1]["op"]) is K.ATTENTION_TILE]
+           recipe_of(t).steps[-1].op is K.ATTENTION_TILE]
     assert len(att) == 16 * 8 * 16
     # each attention shard waits on the q tiles that hold its 4 heads and on the two appends
     by_counter = {}

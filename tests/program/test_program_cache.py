@@ -49,3 +49,26 @@ def test_a_corrupt_cache_file_is_ignored(tmp_path, monkeypatch):
     f.write_bytes(b"not a pickle")
     low = lower(m, None)
     assert not low.timings["cache_hit"] and amk.validate(low.program).ok
+
+
+def test_a_cache_folder_other_users_can_write_is_never_unpickled(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    m = random_model(TINY_LLAMA)
+    lower(m, None)
+    (tmp_path / "programs").chmod(0o777)           # anyone could have planted the pickle
+    assert not lower(m, None).timings["cache_hit"]
+    (tmp_path / "programs").chmod(0o700)
+    assert lower(m, None).timings["cache_hit"]
+
+
+def test_the_cached_program_keeps_its_typed_recipes(tmp_path, monkeypatch):
+    from amk.program.ir import InstructionKind as K
+    from amk.program.recipe import Recipe
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    m = random_model(TINY_LLAMA)
+    cold = lower(m, None)
+    warm = lower(m, None)
+    fused = [t for t in warm.program.tasks if t.op is K.FUSED]
+    assert warm.timings["cache_hit"] and fused
+    assert all(isinstance(t.params["recipe"], Recipe) for t in fused)
+    assert warm.program == cold.program

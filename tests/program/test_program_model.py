@@ -13,6 +13,7 @@ from amk.backends.reference.vm import ReferenceVM
 from amk.errors import ValidationError
 from amk.models.presets import TINY_LLAMA, random_model
 from amk.program.ir import BufferKind, InstructionKind as K, Wait
+from amk.program.recipe import recipe_of
 from amk.program.text import parse_program, program_to_text
 from stage_check import args_with_history, assert_every_stage_matches_graph, clone_args, model_bindings
 
@@ -35,8 +36,7 @@ def test_every_stage_of_the_cuda_schedule_equals_direct_graph_interpretation():
     run on the reference VM."""
     m = random_model(replace(TINY_LLAMA, max_seq=300), seed=2)     # 2 KV shards of 150
     low = m.lower(backend="cuda")
-    ops = [K(s["op"]) for t in low.program.tasks if t.op is K.FUSED
-           for s in t.params["recipe"]["steps"]]
+    ops = [s.op for t in low.program.tasks if t.op is K.FUSED for s in recipe_of(t).steps]
     assert K.ATTENTION_COMBINE in ops              # folded into the o tiles, never a task
     assert not any(t.op is K.ATTENTION_COMBINE for t in low.program.tasks)
     base = args_with_history(m, pos=200)

@@ -4,6 +4,7 @@ import pytest
 
 from amk.program.ir import (Buffer, BufferKind, Counter, DType, InstructionKind as K, Program,
                             Task, Wait)
+from amk.program.recipe import parse_recipe
 from amk.program.validate import ValidationIssue, ValidationResult, validate
 
 ACT, IN, OUT, W, KV = (BufferKind.ACTIVATION, BufferKind.IO_INPUT, BufferKind.IO_OUTPUT,
@@ -27,7 +28,10 @@ class Builder:
 
     def task(self, op, ins, outs, params=None, waits=(), counter=None, name=""):
         c = self.counter() if counter is None else counter
-        self.tasks.append(Task(len(self.tasks), op, tuple(ins), tuple(outs), dict(params or {}),
+        params = dict(params or {})
+        if "recipe" in params:          # the typed form, as passes/fuse.py builds it
+            params["recipe"] = parse_recipe(params["recipe"])
+        self.tasks.append(Task(len(self.tasks), op, tuple(ins), tuple(outs), params,
                                tuple(Wait(*w) for w in waits), c, name))
         return len(self.tasks) - 1
 

@@ -29,10 +29,19 @@ def test_graph_text_is_one_equation_per_line_with_source():
     low = f.lower(tiny_params(), torch.tensor([1], dtype=I32), torch.tensor([0], dtype=I32))
     text = str(low.graph)
     lines = text.splitlines()
-    assert lines[0].startswith("{ lambda params.embed:f32[12,16]")
-    prims = [l.split("=")[1].split()[0] for l in lines[1:-1]]
+    assert lines[:8] == ["{ lambda",                 # one input per line, in argument order
+                         "    params.embed:f32[12,16]",
+                         "    params.norm:f32[16]",
+                         "    params.w1:f32[32,16]",
+                         "    params.w2:f32[16,32]",
+                         "    params.lm:f32[12,16]",
+                         "    token:i32[1]",
+                         "    pos:i32[1] ."]
+    eqns = lines[8:-1]
+    prims = [l.split("=")[1].split()[0] for l in eqns]
     assert prims == ["embed", "rmsnorm", "linear", "gelu", "linear", "add", "linear", "argmax"]
-    assert all("test_trace.py:" in l for l in lines[1:-1])
+    assert eqns[0].startswith("  %7:f32[1,16] = embed params.embed token ")
+    assert all("test_trace.py:" in l for l in eqns)
     assert lines[-1].strip().startswith("in (")
     verify_graph(low.graph)
 

@@ -4,6 +4,7 @@ no single SM reads the whole row of logits again."""
 from __future__ import annotations
 
 from amk.program.ir import DType, InstructionKind as K, Program, Task
+from amk.program.recipe import OUTPUT, Operand, recipe_of
 from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Encoded, Variant, View,
                                      int_input)
 
@@ -40,10 +41,10 @@ def _gemv_cols(t: Task) -> tuple[int, int] | None:
     """(n_off, N_tile) of a task that is one GEMV tile or ends in one writing its output."""
     p = t.params
     if t.op == K.FUSED:
-        steps = p.get("recipe", {}).get("steps", [])
-        if not steps or int(steps[-1]["op"]) != int(K.GEMV_TILE) or steps[-1]["out"] not in ("final", -1):
+        steps = recipe_of(t).steps
+        if steps[-1].op is not K.GEMV_TILE or steps[-1].out != Operand(OUTPUT, 0):
             return None
-        p = steps[-1].get("params", {}) or {}
+        p = steps[-1].params
     elif t.op != K.GEMV_TILE:
         return None
     return (int(p["n_off"]), int(p["N_tile"])) if "n_off" in p and "N_tile" in p else None

@@ -1,22 +1,16 @@
-"""FUSED tasks: the recipe checked, and its steps lowered to encoded steps over a per-task
-scratch region of the arena (folds.FOLDS then merge them).
-
-The recipe is an untyped dict today, checked by the reference backend's validate_recipe (the
-one place the CUDA backend imports another backend): front-clean replaces both with the typed
-recipe of amk/program/recipe.py.
-"""
+"""FUSED tasks: the typed recipe (amk/program/recipe.py) checked, and its steps lowered to
+encoded steps over a per-task scratch region of the arena (folds.FOLDS then merge them)."""
 from __future__ import annotations
 
 import math
 
 from amk.program.ir import DType, InstructionKind as K
+from amk.program.recipe import INPUT, OUTPUT, Recipe, RecipeError, checked_recipe
 from amk.backends.cuda.encoders import encode_op
 from amk.backends.cuda.steps import REF_SCRATCH, SCRATCH_ALIGN, Encoded, Fused, View, fail
 
-RECIPE_DTYPES = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16,
-                 "int8": DType.I8, "int32": DType.I32,
-                 **{d.short: d for d in (DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8,
-                                         DType.U8)}}
+# scratch dtypes the templates take (the recipe's dtype table is wider)
+SCRATCH_DTYPES = (DType.F32, DType.F16, DType.BF16, DType.I32, DType.I8, DType.U8)
 
 
 _FULL_WRITE = {K.RMSNORM, K.LAYERNORM, K.EMBED, K.SOFTMAX, K.ALLREDUCE_SHARD, K.DEQUANT,
@@ -31,40 +25,33 @@ def _writes_whole(op: K, p, out: View) -> bool:
     return False
 
 
-def _check_recipe(task, recipe, n_in, n_out) -> None:
+def _check_recipe(task, n_in: int, n_out: int) -> Recipe:
     try:
-        from amk.backends.reference.semantics_fused import validate_recipe
-    except ImportError:          # the oracle module is optional for the backend itself
-        return
-    errs = validate_recipe(recipe, n_in, n_out)
-    if errs:
-        fail(task, "malformed FUSED recipe: " + "; ".join(errs))
+        return checked_recipe(task.params.get("recipe"), n_in, n_out)
+    except RecipeError as e:
+        fail(task, str(e))
 
 
 def lower_fused(task, ins: list[View], outs: list[View], scratch_base: int):
     """The recipe's steps encoded over scratch views from scratch_base on, and the scratch that
     needs zeroing (a step that writes part of it and is not read only inside that part).
     -> (Fused, scratch bytes used)."""
-    recipe = task.params.get("recipe")
-    _check_recipe(task, recipe, len(ins), len(outs))
+    recipe = _check_recipe(task, len(ins), len(outs))
     slots: dict[int, View] = {}
     off = scratch_base
     steps, zero = [], []
-    for i, st in enumerate(recipe["steps"]):
-        op = K(int(st["op"]))
-        args = [ins[a["in"]] if "in" in a else slots[a["s"]] for a in st.get("args", [])]
-        out = st["out"]
-        sp = st.get("params", {}) or {}
-        if out == "final" or out == -1:
-            target = outs[0]
-        elif isinstance(out, dict):
-            target = outs[out["o"]]
+    for i, st in enumerate(recipe.steps):
+        op = st.op
+        args = [ins[a.index] if a.kind == INPUT else slots[a.index] for a in st.args]
+        sp = st.params
+        if st.out.kind == OUTPUT:
+            target = outs[st.out.index]
         else:
-            od = st.get("out_dtype")
-            if od is not None and od not in RECIPE_DTYPES:
-                fail(task, f"step {i}: scratch dtype {od!r} is not supported on CUDA")
-            dt = RECIPE_DTYPES[od] if od else args[0].dtype
-            shape = tuple(st["out_shape"]) if st.get("out_shape") is not None else args[0].shape
+            out = st.out.index
+            if st.out_dtype is not None and st.out_dtype not in SCRATCH_DTYPES:
+                fail(task, f"step {i}: scratch dtype {st.out_dtype.short!r} is not supported on CUDA")
+            dt = st.out_dtype or args[0].dtype
+            shape = tuple(st.out_shape) if st.out_shape is not None else args[0].shape
             old = slots.get(out)
             if old is not None and old.shape == shape and old.dtype == dt:
                 target = old

@@ -7,7 +7,7 @@ from typing import Mapping
 import torch
 
 from amk.graph import Graph
-from amk.passes.lower import LOWERING, _input_order
+from amk.passes.lower import LOWERING, operand_order
 from amk.program.ir import InstructionKind as K
 
 
@@ -32,7 +32,7 @@ def _interpret(graph: Graph, bindings: Mapping[str, torch.Tensor]) -> list[torch
             env[out.id] = cache
             continue
         op, params = LOWERING[e.prim](e, list(e.inputs))
-        ins = [env[v.id] for v in _input_order(e)]
+        ins = [env[v.id] for v in operand_order(e)]
         dev = ins[0].device
         y = torch.empty(out.aval.shape, dtype=out.aval.dtype.torch, device=dev)
         semantics_for(op)(ins, [y], params, ctx)

@@ -5,8 +5,8 @@ into the preallocated ``outputs`` in place and returns None. Numerics follow the
 exactly: compute in fp32, cast to the output dtype once. The table in docs/PROGRAM.md is the
 contract; extensions beyond the seed (marked **ext** there) reduce to the seed when unused.
 
-Attention, rope and the KV cache live in ``semantics_attention.py``; FUSED recipes (and
-``validate_recipe``) in ``semantics_fused.py``. This module owns the registry ``SEMANTICS``.
+Attention, rope and the KV cache live in ``semantics_attention.py``; FUSED recipes in
+``semantics_fused.py``. This module owns the registry ``SEMANTICS``.
 """
 from __future__ import annotations
 
@@ -22,11 +22,10 @@ from amk.program.ir import DType, InstructionKind
 from amk.backends.reference.semantics_attention import (
     attention_combine, attention_tile, kv_append, rope,
 )
-from amk.backends.reference.semantics_fused import RECIPE_DTYPES, run_recipe, validate_recipe
+from amk.backends.reference.semantics_fused import run_recipe
 from amk.backends.reference.semantics_common import column_range, f32, tile_view
 
-__all__ = ["RefCtx", "SEMANTICS", "semantics_for", "validate_recipe", "RECIPE_DTYPES",
-           "dequant_rows"]
+__all__ = ["RefCtx", "SEMANTICS", "semantics_for", "dequant_rows"]
 
 Semantics = Callable[[list, list, Any, "RefCtx"], None]
 

@@ -22,7 +22,6 @@ from typing import Mapping
 
 import torch
 
-from amk import knobs
 from amk.backends import resolve_device
 from amk.errors import DeadlockError, TraceError, ValidationError
 from amk.program.ir import BufferKind, InstructionKind, Program
@@ -32,6 +31,7 @@ from amk.backends.reference.semantics_common import flush_subnormals
 from amk.backends.reference.semantics_fused import check_recipe
 
 ORDERS = ("program", "random", "queues")
+DEFAULT_TIMEOUT_S = 600.0        # one run's wall-clock limit (amk.knobs.vm_timeout_s's default)
 BOUND_KINDS = (BufferKind.IO_INPUT, BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
 MAX_STUCK_SHOWN = 16
 _TIME_CHECK_EVERY = 256          # tasks between wall-clock checks (perf_counter is not free)
@@ -51,7 +51,9 @@ class ReferenceVM:
     """Execute ``program`` on ``device`` with counter-driven scheduling and real numerics."""
 
     def __init__(self, program: Program, device="cpu", order: str = "program", seed: int = 0,
-                 check: bool = True):
+                 check: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S):
+        """timeout_s: the wall-clock limit of one run (AMK_VM_TIMEOUT_S, read by the caller);
+        past it the run is a DeadlockError naming the stuck tasks."""
         if order not in ORDERS:
             raise ValueError(f"ReferenceVM order={order!r}; choose one of {ORDERS}")
         if check:
@@ -63,6 +65,7 @@ class ReferenceVM:
         self.program = program
         self.device = resolve_device(device, "ReferenceVM", "use device='cpu'")
         self.order = order
+        self.timeout_s = timeout_s
         self._rng = random.Random(seed)
         self.ctx = RefCtx()
         self.epoch = 0                      # completed runs
@@ -219,13 +222,16 @@ class ReferenceVM:
         return self._args
 
     # ------------------------------------------------------------------ scheduling
+    def _over_time(self) -> str:
+        return f"wall-clock limit of {self.timeout_s:g} s exceeded (AMK_VM_TIMEOUT_S)"
+
     def _schedule(self, epoch: int, exec_order: list[int], t0: float) -> None:
         tasks, fns, outc, vals = self.program.tasks, self._fn, self._out, self._values
         n = len(tasks)
         ins, outs = self._task_args()
         params = self._params
         ctx = self.ctx
-        deadline = t0 + knobs.vm_timeout_s()
+        deadline = t0 + self.timeout_s
 
         # unmet[t]: waits of t not yet satisfied; waiting[(c, v)]: tasks that need counter c == v.
         unmet = [0] * n
@@ -281,14 +287,14 @@ class ReferenceVM:
                     if not progressed:
                         raise self._deadlock("no worker can advance", epoch, done, unmet, heads)
                     if time.perf_counter() > deadline:
-                        raise self._deadlock("wall-clock limit AMK_VM_TIMEOUT_S exceeded", epoch,
+                        raise self._deadlock(self._over_time(), epoch,
                                              done, unmet, heads)
             else:
                 while ready:
                     current = pop()
                     execute(current)
                     if len(exec_order) % _TIME_CHECK_EVERY == 0 and time.perf_counter() > deadline:
-                        raise self._deadlock("wall-clock limit AMK_VM_TIMEOUT_S exceeded", epoch,
+                        raise self._deadlock(self._over_time(), epoch,
                                              done, unmet)
                 if len(exec_order) < n:
                     raise self._deadlock("no task is ready", epoch, done, unmet)

@@ -18,6 +18,7 @@ import triton
 from amk.backends.reference.semantics_common import column_range as _column_range
 from amk.errors import ValidationError
 from amk.program.ir import DType, InstructionKind as K, Task
+from amk.program.recipe import INPUT, OUTPUT, checked_recipe
 from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE flags bits
 
 from amk.backends.triton import kernels_attention as ka
@@ -394,82 +395,23 @@ def _kv_append(inputs, outputs, params):
 # --------------------------------------------------------------------------------------------
 # FUSED: the recipe step by step with the same kernels, over scratch
 # --------------------------------------------------------------------------------------------
-_RECIPE_DTYPES = {"float32": torch.float32, "float16": torch.float16,
-                  "bfloat16": torch.bfloat16, "float64": torch.float64, "int8": torch.int8,
-                  "int32": torch.int32, "uint8": torch.uint8, "int64": torch.int64}
-
-
-def _recipe_dtype(name):
-    if name in _RECIPE_DTYPES:
-        return _RECIPE_DTYPES[name]
-    try:
-        return DType.parse(str(name)).torch
-    except (KeyError, ValueError):
-        raise ValidationError(f"FUSED recipe: out_dtype {name!r} is not one of "
-                              f"{sorted(_RECIPE_DTYPES)} or an AMK dtype name") from None
-
-
-def _recipe_errors(recipe, n_inputs: int, n_outputs: int) -> list[str]:
-    if not isinstance(recipe, Mapping) or not isinstance(recipe.get("steps"), (list, tuple)) \
-            or not recipe["steps"]:
-        return ["recipe must be a dict with a non-empty 'steps' list"]
-    errs, produced = [], set()
-    for i, st in enumerate(recipe["steps"]):
-        if not isinstance(st, Mapping):
-            errs.append(f"step {i} is not a dict")
-            continue
-        try:
-            op = K(int(st.get("op")))
-            if op is K.FUSED:
-                errs.append(f"step {i}: nested FUSED is not allowed")
-        except (TypeError, ValueError):
-            errs.append(f"step {i}: bad op {st.get('op')!r}")
-        for a in st.get("args") or ():
-            ok = isinstance(a, Mapping) and len(a) == 1 and (
-                ("in" in a and isinstance(a["in"], int) and 0 <= a["in"] < n_inputs)
-                or ("s" in a and a["s"] in produced))
-            if not ok:
-                errs.append(f"step {i}: arg {a!r} is not an input index in [0, {n_inputs}) or "
-                            f"scratch written by an earlier step")
-        out = st.get("out")
-        if isinstance(out, Mapping):
-            if not (len(out) == 1 and isinstance(out.get("o"), int) and 0 <= out["o"] < n_outputs):
-                errs.append(f"step {i}: out {out!r} is not {{'o': k}} with k in [0, {n_outputs})")
-        elif isinstance(out, int) and not isinstance(out, bool) and out != -1:
-            produced.add(out)
-        elif out not in ("final", -1):
-            errs.append(f"step {i}: out must be 'final', {{'o': k}} or a scratch index, "
-                        f"got {out!r}")
-    return errs
-
-
 def _fused(inputs, outputs, params):
-    recipe = params.get("recipe")
-    errs = _recipe_errors(recipe, len(inputs), len(outputs))
-    if errs:
-        raise ValidationError("malformed FUSED recipe: " + "; ".join(errs))
+    recipe = checked_recipe(params.get("recipe"), len(inputs), len(outputs))
     scratch: dict[int, torch.Tensor] = {}
-
-    def resolve(a):
-        return inputs[a["in"]] if "in" in a else scratch[a["s"]]
-
-    for st in recipe["steps"]:
-        args = [resolve(a) for a in st.get("args") or ()]
-        out = st["out"]
-        if out in ("final", -1):
-            dst = outputs[0]
-        elif isinstance(out, Mapping):
-            dst = outputs[out["o"]]
+    for st in recipe.steps:
+        args = [inputs[a.index] if a.kind == INPUT else scratch[a.index] for a in st.args]
+        if st.out.kind == OUTPUT:
+            dst = outputs[st.out.index]
         else:
-            dtype = _recipe_dtype(st["out_dtype"]) if st.get("out_dtype") else args[0].dtype
-            shape = tuple(st["out_shape"]) if st.get("out_shape") is not None else args[0].shape
-            dst = scratch.get(out)
-            if dst is None or tuple(dst.shape) != tuple(shape) or dst.dtype != dtype:
+            dtype = st.out_dtype.torch if st.out_dtype is not None else args[0].dtype
+            shape = st.out_shape if st.out_shape is not None else tuple(args[0].shape)
+            dst = scratch.get(st.out.index)
+            if dst is None or tuple(dst.shape) != shape or dst.dtype != dtype:
                 # zero-filled like the reference, so even a partial write is deterministic; a
                 # slot of the same shape and dtype is written into (sibling column tiles)
                 dst = torch.zeros(shape, dtype=dtype, device=args[0].device)
-                scratch[out] = dst
-        launch_op(K(int(st["op"])), args, [dst], st.get("params") or {})
+                scratch[st.out.index] = dst
+        launch_op(st.op, args, [dst], st.params)
 
 
 # --------------------------------------------------------------------------------------------

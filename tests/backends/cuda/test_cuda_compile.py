@@ -8,6 +8,7 @@ pytest.importorskip("cuda.bindings")
 
 from amk.errors import CompileError
 from amk.program.ir import DType, InstructionKind
+from amk.program.recipe import recipe_of
 from amk.backends.cuda import CudaOptions, abi, codegen, compile_source, render, smem
 from amk.testing import cuda_examples as examples
 from amk.backends.cuda.lower import lower_program
@@ -180,7 +181,7 @@ def test_fused_llama_tasks_skip_needless_zeroing_keep_the_norm_in_smem_and_list_
         if t.op != K.FUSED:
             assert d["n_ptr_all"] == d["n_in"] + d["n_out"]
             continue
-        ops = tuple(K(int(s["op"])) for s in t.params["recipe"]["steps"])
+        ops = tuple(s.op for s in recipe_of(t).steps)
         seen.add(ops)
         assert d["n_zero"] == 0, ops
         subs = low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]]

@@ -12,6 +12,7 @@ from amk.backends.cuda import abi
 from amk.backends.cuda.lower import lower_program
 from amk.models.presets import LLAMA_3_2_1B, random_model
 from amk.program.ir import InstructionKind as K
+from amk.program.recipe import recipe_of
 
 
 def _lowered():
@@ -25,7 +26,7 @@ def _steps(prog, low, has_op):
     steps fold into one instruction is lowered as that instruction (its own only step)."""
     out = []
     for i, t in enumerate(prog.tasks):
-        if t.op is K.FUSED and any(int(s["op"]) == int(has_op) for s in t.params["recipe"]["steps"]):
+        if t.op is K.FUSED and any(s.op is has_op for s in recipe_of(t).steps):
             d = low.tasks[i]
             fused = int(d["op"]) == int(K.FUSED)
             out.append((d, low.tasks[d["sub_begin"]:d["sub_begin"] + d["n_sub"]] if fused else [d]))

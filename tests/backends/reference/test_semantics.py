@@ -5,11 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from amk.backends.reference.semantics import (
-    SEMANTICS, RefCtx, semantics_for, validate_recipe,
-)
+from amk.backends.reference.semantics import SEMANTICS, RefCtx, semantics_for
 from amk.errors import TraceError, ValidationError
 from amk.program.ir import DType, InstructionKind as K
+from amk.program.recipe import recipe_errors
 from amk.program.regions import kv_window
 
 
@@ -340,7 +339,7 @@ def test_fused_equals_unfused_bit_identically_with_two_outputs():
         {"op": int(K.COPY), "args": [{"s": 1}], "out": {"o": 1}},
         {"op": int(K.ADD), "args": [{"s": 1}, {"in": 3}], "out": "final"},
     ]}
-    assert validate_recipe(recipe, 4, 2) == []
+    assert recipe_errors(recipe, 4, 2) == []
     outs = [torch.empty(1, N), torch.empty(1, N, dtype=torch.bfloat16)]
     semantics_for(K.FUSED)([x, w, W, resid], outs, {"recipe": recipe}, RefCtx())
     assert torch.equal(outs[0], summed) and torch.equal(outs[1], y)
@@ -369,7 +368,7 @@ def test_fused_scratch_feeds_a_later_step():
     ({"steps": [{"op": 1, "args": [{"x": 0}], "out": "final"}]}, "arg must be"),
 ])
 def test_malformed_recipe_is_a_clear_validation_error(recipe, needle):
-    errs = validate_recipe(recipe, 1, 1)
+    errs = recipe_errors(recipe, 1, 1)
     assert any(needle in e for e in errs), errs
     with pytest.raises(ValidationError, match="malformed FUSED recipe"):
         semantics_for(K.FUSED)([torch.zeros(1, 4)], [torch.zeros(1, 4)], {"recipe": recipe}, RefCtx())
@@ -377,5 +376,5 @@ def test_malformed_recipe_is_a_clear_validation_error(recipe, needle):
 
 def test_validate_recipe_lists_every_error():
     recipe = {"steps": [{"op": 12, "args": [{"in": 9}, {"s": 4}], "out": "bogus"}]}
-    errs = validate_recipe(recipe, 1, 1)
+    errs = recipe_errors(recipe, 1, 1)
     assert len(errs) == 4, errs          # bad input, unwritten scratch, bad out, no final output

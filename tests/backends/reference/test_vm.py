@@ -182,14 +182,23 @@ def test_wait_cycle_deadlock_lists_at_most_16_tasks():
     assert msg.count("have 0, need 1") == 16 and "... and 24 more stuck tasks" in msg
 
 
-def test_wall_clock_limit_raises_deadlock(monkeypatch):
+def test_wall_clock_limit_raises_deadlock():
     b = Builder()
     prev = b.task(K.NOP, [], [])
     for _ in range(600):
         prev = b.task(K.NOP, [], [], waits=[(prev, 1)])
-    monkeypatch.setenv("AMK_VM_TIMEOUT_S", "1e-9")
-    with pytest.raises(DeadlockError, match="AMK_VM_TIMEOUT_S"):
-        ReferenceVM(b.build([]), check=False).run({})
+    with pytest.raises(DeadlockError, match=r"wall-clock limit of 1e-09 s exceeded \(AMK_VM_TIMEOUT_S\)"):
+        ReferenceVM(b.build([]), check=False, timeout_s=1e-9).run({})
+
+
+def test_jit_hands_the_timeout_knob_to_the_vm(monkeypatch):
+    import amk
+    from amk import ops
+    monkeypatch.setenv("AMK_VM_TIMEOUT_S", "123")
+    f = amk.jit(lambda x: ops.add(x, x), backend="reference")
+    x = torch.ones(1, 4)
+    exe, _ = f.executable(x)
+    assert exe.timeout_s == 123.0
 
 
 # ---------------------------------------------------------------- a tiny decode step

@@ -10,6 +10,7 @@ import amk
 from amk.models.model import Model
 from amk.models.presets import TINY_LLAMA, random_params
 from amk.passes.options import PassOptions
+from amk.program.recipe import recipe_of
 
 TOOL = Path(__file__).resolve().parents[3] / "bench" / "profile" / "profile_decode.py"
 
@@ -61,7 +62,7 @@ def test_stages_are_per_layer_and_fused_steps_per_op(pd, prog):
     wait_end = {r[0]: r[3] for r in rows}
     steps = {}
     for t in wq:                                         # norm 0.4 us, then the GEMV 0.6 us
-        ops = [st["op"] for st in t.params["recipe"]["steps"]]
+        ops = [st.op for st in recipe_of(t).steps]
         steps[t.id] = [(ops[0], wait_end[t.id]), (ops[1], wait_end[t.id] + 400)]
     s = pd.summarise(prog, rows, steps)
     d = s["kinds"]["wq+RMSNORM"]

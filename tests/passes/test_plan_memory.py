@@ -1,0 +1,49 @@
+"""plan_memory: activations whose lifetimes do not overlap share one buffer (same shape and
+dtype only); the tasks stay, their buffer ids change."""
+from pass_helpers import golden
+
+from small_programs import chain_program
+from amk.passes.options import PassOptions
+from amk.passes.plan_memory import plan_memory
+from amk.program.ir import BufferKind
+
+GOLDEN = """
+program chain outputs=(b3)
+buffers:
+  b0 x io_input f32[1,8] source="x"
+  b1 v1 activation f32[1,8]
+  b2 v2 activation f32[1,8]
+  b3 v4 io_output f32[1,8]
+counters:
+  c0 init=0
+  c1 init=0
+  c2 init=0
+  c3 init=0
+tasks:
+  t0 GELU in=(b0) out=(b1) waits=() -> c0 {} # gelu @ small_programs.py:N
+  t1 GELU in=(b1) out=(b2) waits=(c0>=1) -> c1 {} # gelu @ small_programs.py:N
+  t2 GELU in=(b2) out=(b1) waits=(c1>=1) -> c2 {} # gelu @ small_programs.py:N
+  t3 GELU in=(b1) out=(b3) waits=(c2>=1) -> c3 {} # gelu @ small_programs.py:N
+"""
+
+
+def test_plan_memory_golden_text():
+    # v1 is dead once the second gelu read it: the third gelu writes it again, and v3 is gone
+    golden(plan_memory(chain_program(), PassOptions()), GOLDEN)
+
+
+def test_plan_memory_reuses_activations(stages):
+    before, after = stages["fuse"], stages["plan_memory"]
+    acts = lambda p: [b for b in p.buffers if b.kind is BufferKind.ACTIVATION]  # noqa: E731
+    assert len(acts(after)) < len(acts(before))
+    assert sum(b.nbytes for b in acts(after)) < sum(b.nbytes for b in acts(before))
+    # plan_memory keeps the tasks: map each old output buffer to its new one; some new buffer
+    # holds several old values (reuse), and only same-shape, same-dtype values share
+    merged = {}
+    for t0, t1 in zip(before.tasks, after.tasks):
+        for b0, b1 in zip(t0.outputs, t1.outputs):
+            merged.setdefault(b1, set()).add(b0)
+    assert any(len(v) > 1 for v in merged.values())
+    for b1, olds in merged.items():
+        assert {(before.buffers[b].shape, before.buffers[b].dtype) for b in olds} == \
+            {(after.buffers[b1].shape, after.buffers[b1].dtype)}

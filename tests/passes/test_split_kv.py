@@ -1,0 +1,68 @@
+"""split_kv: each attention becomes P shards over kv rows writing flash partials, and a combine
+per kv group merges them (close to, not bit-identical with, one softmax)."""
+from pass_helpers import (SMALL, bindings, check_lines, close, golden, llama_program, run,
+                          run_passes, same, text)
+
+from small_programs import TWO_SMS, attention_program
+from amk.passes.options import PassOptions
+from amk.passes.split_kv import split_kv
+from amk.program.ir import InstructionKind as K
+
+GOLDEN = """
+program attn outputs=(b6)
+buffers:
+  b0 new.q io_input f32[1,8] source="new.q"
+  b1 new.k io_input f32[1,4] source="new.k"
+  b2 new.v io_input f32[1,4] source="new.v"
+  b3 pos io_input i32[1] source="pos"
+  b4 kv.k kv_cache f32[8,1,4] source="kv.k"
+  b5 kv.v kv_cache f32[8,1,4] source="kv.v"
+  b6 v8 io_output f32[1,8]
+  b7 v8.part0 activation f32[1,12]
+  b8 v8.part1 activation f32[1,12]
+counters:
+  c0 init=0
+  c1 init=0
+  c2 init=0
+  c3 init=0
+tasks:
+  t0 KV_APPEND in=(b1,b3) out=(b4) waits=() -> c0 {} # kv_update @ small_programs.py:N
+  t1 KV_APPEND in=(b2,b3) out=(b5) waits=() -> c1 {} # kv_update @ small_programs.py:N
+  t2 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b7) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 2} # attention @ small_programs.py:N[kv 0/1 shard 0/2]
+  t3 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b8) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 1, "kv_shards": 2} # attention @ small_programs.py:N[kv 0/1 shard 1/2]
+  t4 ATTENTION_COMBINE in=(b7,b8) out=(b6) waits=(c3>=2) -> c2 {"head_dim": 4, "n_heads": 2, "h_off": 0, "h_count": 2} # attention @ small_programs.py:N[combine 0/1]
+"""
+
+
+def test_split_kv_golden_text():
+    # two shards of the live window (kv_shard of kv_shards), each a flash partial [2 x (4+2)]
+    golden(split_kv(attention_program(), TWO_SMS), GOLDEN)
+
+
+def test_split_kv_matches_unsplit_attention_closely(stages, reference):
+    b, ref = reference
+    close(run(stages["split_kv"], b, order="random"), ref)
+    for pos in (0, 7, 15):                 # empty shards (pos=0), shard edges, a full cache
+        bb = bindings(stages["lower"], pos=pos)
+        close(run(stages["split_kv"], bb), run(stages["lower"], bb))
+
+
+def test_split_kv_text(stages):
+    t = text(stages["split_kv"])
+    check_lines(t, [r"b\d+ v\d+\.part0 activation f32\[1,40\]",          # 4 heads x (8+2)
+                    # every shard spans the cache; kv_shard picks its piece of the live window
+                    r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 3',
+                    r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
+                    r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 2, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
+                    r'ATTENTION_COMBINE in=\(b\d+,b\d+,b\d+\) .*"h_off": 0, "h_count": 2',
+                    r'ATTENTION_COMBINE .*"h_off": 2, "h_count": 2'])
+
+
+def test_split_kv_one_shard_keeps_exact_per_group_tasks():
+    p = llama_program()
+    one = run_passes(p, PassOptions(target=SMALL, attn_splits=1), upto="split_kv")["split_kv"]
+    att = [t for t in one.tasks if t.op is K.ATTENTION_TILE]
+    assert len(att) == 4 and all(t.params["flags"] == 0 for t in att)
+    assert not any(t.op is K.ATTENTION_COMBINE for t in one.tasks)
+    b = bindings(p)
+    same(run(one, b, order="random"), run(p, b))
