@@ -1,0 +1,73 @@
+"""Prefill: a prompt goes through the model's step in blocks of T tokens, not one token a step.
+
+The block is the decode step itself, traced with T rows: token ids int32 [T] and positions int32
+[T] (row t at position pos[t]); rope, kv_update and attention then treat each row at its own
+position, attention causal over the cache (docs/PROGRAM.md). Each block size is one compiled
+program, so a prompt is cut into chunks of a few fixed sizes (`CHUNK_SIZES`): full chunks of the
+largest, then one chunk of the smallest size that holds the rest, padded. Padding rows sit at
+positions past the prompt: causal attention keeps them out of every real row, and the decode
+steps that follow overwrite their cache rows before anything reads them (a decode step at pos p
+writes row p and reads rows <= p).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from amk.errors import TraceError
+
+CHUNK_SIZES = (128, 16)      # compiled block sizes; 1 (the decode step) is always available
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start: int     # position of the chunk's first row
+    size: int      # rows of the program that runs it (its compiled block size)
+    tokens: int    # real prompt tokens in it (the rest is padding)
+
+
+def plan_chunks(n_tokens: int, start: int, max_seq: int,
+                sizes: tuple[int, ...] = CHUNK_SIZES) -> list[Chunk]:
+    """Chunks covering prompt positions [start, start + n_tokens), padded rows inside max_seq."""
+    if any(int(s) < 1 for s in sizes):
+        raise TraceError(f"prefill: chunk sizes must be positive, got {sizes}")
+    sizes = tuple(sorted({int(s) for s in sizes} | {1}, reverse=True))
+    if n_tokens < 0 or start < 0 or start + n_tokens > max_seq:
+        raise TraceError(f"prefill: positions {start}..{start + n_tokens} do not fit the cache's "
+                         f"{max_seq} rows; build the model with a larger max_seq")
+    chunks, pos, left = [], start, n_tokens
+    while left > 0:
+        fits = [s for s in sizes if s <= left]
+        if fits[0] == sizes[0]:                      # a full chunk of the largest size
+            size = real = sizes[0]
+        else:                                        # the rest: the smallest size holding it
+            padded = [s for s in sizes if s >= left and pos + s <= max_seq]
+            size = min(padded) if padded else fits[0]
+            real = min(size, left)
+        chunks.append(Chunk(pos, size, real))
+        pos += real
+        left -= real
+    return chunks
+
+
+def prefill(model, ids: torch.Tensor, kv: list, backend: str | None = None,
+            sizes: tuple[int, ...] = CHUNK_SIZES, on_chunk=None) -> torch.Tensor:
+    """Run the prompt ids [T] (one sequence) through the model in chunks, writing its K/V into
+    kv (single-sequence caches [max_seq, ...], updated in place). Returns the logits [V] of the
+    last prompt token. on_chunk(chunk) is called after each chunk ran."""
+    ids = ids.reshape(-1).to(device=model.device, dtype=torch.int32)
+    step = model.prefill_jit(backend)
+    logits = None
+    for c in plan_chunks(ids.numel(), 0, model.config.max_seq, sizes):
+        tok = torch.zeros(c.size, dtype=torch.int32, device=model.device)
+        tok[:c.tokens] = ids[c.start:c.start + c.tokens]
+        if c.size == 1:                              # the decode step's own signature
+            pos = torch.full((1,), c.start, dtype=torch.int32, device=model.device)
+        else:
+            pos = torch.arange(c.start, c.start + c.size, dtype=torch.int32, device=model.device)
+        _, out_logits, kv = step(model.params, tok, pos, kv)
+        logits = out_logits.reshape(c.size, -1)[c.tokens - 1]
+        if on_chunk is not None:
+            on_chunk(c)
+    return logits
