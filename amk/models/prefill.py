@@ -4,7 +4,8 @@ The block is the decode step itself, traced with T rows: token ids int32 [T] and
 [T] (row t at position pos[t]); rope, kv_update and attention then treat each row at its own
 position, attention causal over the cache (docs/PROGRAM.md). Each block size is one compiled
 program, so a prompt is cut into chunks of a few fixed sizes (`CHUNK_SIZES`): full chunks of the
-largest, then one chunk of the smallest size that holds the rest, padded. Padding rows sit at
+largest, then of smaller sizes, and the last few tokens (fewer than the smallest size) as one
+chunk of the smallest size, padded. Padding rows sit at
 positions past the prompt: causal attention keeps them out of every real row, and the decode
 steps that follow overwrite their cache rows before anything reads them (a decode step at pos p
 writes row p and reads rows <= p).
@@ -37,14 +38,11 @@ def plan_chunks(n_tokens: int, start: int, max_seq: int,
         raise TraceError(f"prefill: positions {start}..{start + n_tokens} do not fit the cache's "
                          f"{max_seq} rows; build the model with a larger max_seq")
     chunks, pos, left = [], start, n_tokens
+    smallest = min(s for s in sizes if s > 1) if len(sizes) > 1 else 1
     while left > 0:
-        fits = [s for s in sizes if s <= left]
-        if fits[0] == sizes[0]:                      # a full chunk of the largest size
-            size = real = sizes[0]
-        else:                                        # the rest: the smallest size holding it
-            padded = [s for s in sizes if s >= left and pos + s <= max_seq]
-            size = min(padded) if padded else fits[0]
-            real = min(size, left)
+        size = real = next(s for s in sizes if s <= left)     # unpadded while a size fits
+        if left < smallest and pos + smallest <= max_seq:     # the last few: one padded chunk
+            size, real = smallest, left
         chunks.append(Chunk(pos, size, real))
         pos += real
         left -= real
