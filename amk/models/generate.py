@@ -55,6 +55,9 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, backend: str | None 
     if t_prompt + max_new_tokens > model.config.max_seq:
         raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens exceeds "
                          f"max_seq {model.config.max_seq}; build the model with a larger max_seq")
+    if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < model.config.vocab:
+        raise TraceError(f"generate: prompt token ids must lie in [0, {model.config.vocab}) (the "
+                         f"vocabulary), got {int(ids.min())}..{int(ids.max())}")
     stats = GenerationStats(prompt_tokens=t_prompt, batch=batch)
     model.last_stats = stats
     t0 = time.perf_counter()

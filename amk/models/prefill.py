@@ -58,14 +58,35 @@ def prefill(model, ids: torch.Tensor, kv: list, backend: str | None = None,
     step = model.prefill_jit(backend)
     logits = None
     for c in plan_chunks(ids.numel(), 0, model.config.max_seq, sizes):
-        tok = torch.zeros(c.size, dtype=torch.int32, device=model.device)
+        params, tok, pos, _ = chunk_args(model, c, kv)   # size 1: the decode step's signature
         tok[:c.tokens] = ids[c.start:c.start + c.tokens]
-        if c.size == 1:                              # the decode step's own signature
-            pos = torch.full((1,), c.start, dtype=torch.int32, device=model.device)
-        else:
-            pos = torch.arange(c.start, c.start + c.size, dtype=torch.int32, device=model.device)
-        _, out_logits, kv = step(model.params, tok, pos, kv)
+        _, out_logits, kv = step(params, tok, pos, kv)
         logits = out_logits.reshape(c.size, -1)[c.tokens - 1]
         if on_chunk is not None:
             on_chunk(c)
     return logits
+
+
+def chunk_args(model, chunk: Chunk, kv: list):
+    """(params, token ids, positions, kv) of a chunk's program, for lowering it ahead of time."""
+    tok = torch.zeros(chunk.size, dtype=torch.int32, device=model.device)
+    if chunk.size == 1:
+        pos = torch.full((1,), chunk.start, dtype=torch.int32, device=model.device)
+    else:
+        pos = torch.arange(chunk.start, chunk.start + chunk.size, dtype=torch.int32,
+                           device=model.device)
+    return model.params, tok, pos, kv
+
+
+def compile_prefill(model, n_tokens: int, backend: str | None = None,
+                    sizes: tuple[int, ...] = CHUNK_SIZES) -> list[int]:
+    """Trace and compile the chunk programs a prompt of n_tokens needs (so the first token's
+    time is not compile time); returns their block sizes."""
+    step = model.prefill_jit(backend)
+    kv = model.new_kv()
+    done = []
+    for c in plan_chunks(n_tokens, 0, model.config.max_seq, sizes):
+        if c.size not in done:
+            step.lower(*chunk_args(model, c, kv))
+            done.append(c.size)
+    return done
