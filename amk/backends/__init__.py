@@ -35,7 +35,8 @@ def make_executable(program: Program, backend: str, device: torch.device):
                 f"block of positions (a prompt chunk) in task {blocks[0].id} {blocks[0].name!r}: "
                 f"run prefill chunks on the triton backend (Model.generate does)")
         from amk.backends.cuda import CudaProgram
-        return CudaProgram(program, device=device)
+        # Asynchronous steps: a fault raises at the next call or at Jitted.sync()
+        return CudaProgram(program, device=device, sync_each_run=False)
     if backend == "triton":
         from amk.backends.triton.backend import TritonProgram
         # On a GPU the step is captured once in a CUDA graph and replayed (no per-launch gaps).

@@ -47,8 +47,12 @@ def _kv_of_sequence(kv: list, b: int, batch: int) -> list:
 def generate(model, ids: torch.Tensor, max_new_tokens: int, backend: str | None = None,
              on_token: Callable | None = None, eos_token_id: int | None = None,
              return_logits: bool = False, sampling: SamplingOptions = SamplingOptions(),
-             chunk_sizes: tuple[int, ...] = CHUNK_SIZES):
-    """ids int32 [B, T] (B prompts of one length). See Model.generate."""
+             chunk_sizes: tuple[int, ...] = CHUNK_SIZES, sync_every: int | None = None):
+    """ids int32 [B, T] (B prompts of one length). See Model.generate. sync_every: new tokens
+    kept on the device between host syncs (default 1 on the CPU, 8 on a GPU): the token feeds
+    the next step on the device; EOS and on_token are checked at each sync."""
+    if sync_every is None:
+        sync_every = 8 if model.device.type == "cuda" else 1
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise TraceError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     batch, t_prompt = ids.shape
@@ -72,23 +76,37 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, backend: str | None 
     out: list[torch.Tensor] = []
     all_logits: list[torch.Tensor] = []
     done = torch.zeros(batch, dtype=torch.bool)
+    pending = [(token, logits)]       # new tokens still on the device, oldest first
+
+    def flush() -> bool:
+        """Bring the pending tokens to the host (one sync); True once generation must stop."""
+        host = torch.stack([t for t, _ in pending]).cpu()
+        for k, (_, lg) in enumerate(pending):
+            out.append(host[k])
+            if len(out) == 1:
+                stats.first_token_s = time.perf_counter() - t0
+            if return_logits:
+                all_logits.append(lg.detach().reshape(batch, -1).float().cpu().clone())
+            if on_token is not None:
+                on_token(len(out) - 1, pending[k][0], lg)
+            if eos_token_id is not None:
+                done.copy_(done | (host[k] == eos_token_id))
+            if len(out) == max_new_tokens or bool(done.all()):
+                return True           # steps already run past this point are dropped
+        pending.clear()
+        return False
+
     while True:
-        out.append(token.cpu())
-        if len(out) == 1:
-            stats.first_token_s = time.perf_counter() - t0
-        stats.new_tokens = len(out)
-        if return_logits:
-            all_logits.append(logits.detach().reshape(batch, -1).float().cpu().clone())
-        if on_token is not None:
-            on_token(len(out) - 1, token, logits)
-        if eos_token_id is not None:
-            done |= out[-1] == eos_token_id
-        if len(out) == max_new_tokens or bool(done.all()):
-            break
+        if not out or len(pending) >= sync_every or len(out) + len(pending) >= max_new_tokens:
+            if flush():
+                break
         greedy_ids, logits, kv = step(model.params, token, pos, kv)
         stats.decode_steps += 1
         token = sampler.next(logits, greedy_ids)
-        pos += 1
+        pending.append((token, logits))
+        pos += 1                      # on the device: the next step's input, no host copy
+    step.sync()                       # any asynchronous step's fault raises here at the latest
+    stats.new_tokens = len(out)
     stats.decode_s = time.perf_counter() - t0 - stats.first_token_s
     new = torch.stack(out, dim=1).tolist()
     result = new[0] if batch == 1 else new

@@ -68,3 +68,26 @@ def test_eos_stops_and_stats_count_what_ran(hf_and_model):
     assert s.prompt_tokens == 12 and [c.size for c in s.prefill_chunks] == [16]
     with pytest.raises(TraceError, match="max_new_tokens"):
         model.generate(IDS, 0, backend="reference")
+
+
+@pytest.mark.parametrize("sync_every", [1, 4])
+def test_tokens_kept_on_the_device_between_syncs_change_nothing(hf_and_model, sync_every):
+    from amk.models.generate import generate
+    hf, model = hf_and_model
+    ids = IDS[None].to(torch.int32)
+    greedy = model.generate(IDS, 10, backend="reference")
+    seen = []
+    got = generate(model, ids, 10, backend="reference", sync_every=sync_every,
+                   on_token=lambda i, tok, lg: seen.append((i, int(tok[0]))))
+    assert got == greedy and seen == list(enumerate(greedy))
+    eos = greedy[2]
+    got = generate(model, ids, 10, backend="reference", sync_every=sync_every, eos_token_id=eos)
+    assert got == greedy[:greedy.index(eos) + 1]
+    # steps that ran past the EOS before the sync saw it are counted: they ran
+    assert model.last_stats.decode_steps >= len(got) - 1
+
+
+def test_prompt_ids_outside_the_vocabulary_are_a_clear_error(hf_and_model):
+    _, model = hf_and_model
+    with pytest.raises(TraceError, match="vocabulary"):
+        model.generate([1, VOCAB + 3], 2, backend="reference")
