@@ -15,14 +15,16 @@ import triton.language as tl
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
                      head_dim, n_heads, rep, max_seq, kv_start, kv_end, g_off, scale,
-                     stride_cb, stride_cs, split_len, stride_split,
+                     stride_cb, stride_cs, split_len, stride_split, pos_step,
                      HAS_POS: tl.constexpr, PARTIAL: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (kv groups, B, splits). Online softmax over BLOCK_N cache rows at a time, fp32
     throughout. Split s covers rows [kv_start + s*split_len, +split_len) of the window and
     writes at o_ptr + s*stride_split (one split: the whole window). PARTIAL writes
     ``[acc | m | l]`` per head (row width head_dim+2); an empty window leaves acc=0, m=-inf,
-    l=0. Otherwise writes acc / l (0 for an empty window)."""
+    l=0. Otherwise writes acc / l (0 for an empty window). A prompt block (pos_step 1, cache
+    batch stride 0): program b is query row b at position pos[b] over the one cache, so the
+    window ends at pos[b] (causal); decode has pos_step 0 (one position for every row)."""
     g = g_off + tl.program_id(0)
     b = tl.program_id(1)
     sid = tl.program_id(2)
@@ -30,7 +32,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
     o_ptr = o_ptr + sid * stride_split
     hi = tl.minimum(tl.minimum(kv_end, kv_start + split_len), max_seq)
     if HAS_POS:
-        hi = tl.minimum(hi, tl.load(pos_ptr).to(tl.int32) + 1)
+        hi = tl.minimum(hi, tl.load(pos_ptr + b * pos_step).to(tl.int32) + 1)
     heads = g * rep + tl.arange(0, BLOCK_H)
     h_mask = heads < (g + 1) * rep
     d = tl.arange(0, BLOCK_D)

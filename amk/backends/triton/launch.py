@@ -234,7 +234,15 @@ def _attention_tile(inputs, outputs, params):
     rep = n_heads // n_kv
     k, v = inputs[1], inputs[2]
     B, max_seq = _cache_dims(k, n_kv, hd)
-    if _cache_dims(v, n_kv, hd) != (B, max_seq) or q.numel() != B * n_heads * hd:
+    pos = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+    block = pos is not None and pos.numel() > 1     # a prompt block: row r at pos[r], one cache
+    if block and (k.dim() == 4 or pos.numel() * n_heads * hd != q.numel()):
+        raise ValidationError(f"attention: a block of {pos.numel()} positions needs one per "
+                              f"query row and a single-sequence cache; q {tuple(q.shape)}, k "
+                              f"{tuple(k.shape)}")
+    if block:
+        B = pos.numel()                 # one program row per query row, cache stride 0
+    if _cache_dims(v, n_kv, hd)[1] != max_seq or q.numel() != B * n_heads * hd:
         raise ValidationError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
                               f"{tuple(v.shape)} do not agree on B, n_heads={n_heads}, "
                               f"n_kv_heads={n_kv}, head_dim={hd}")
@@ -243,7 +251,6 @@ def _attention_tile(inputs, outputs, params):
         return
     lo = int(params.get("kv_start", 0))
     kv_end = lo + int(params.get("kv_len", max_seq - lo))
-    pos = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
     partial = bool(int(params.get("flags", 0)) & PARTIAL_WRITE)
     out = _dense(outputs[0], "attention output")
     want = B * n_heads * (hd + 2 if partial else hd)
@@ -263,7 +270,7 @@ def _attention_tile(inputs, outputs, params):
         float(params.get("scale", 1.0 / hd ** 0.5)),
         max_seq * row if k.dim() == 4 else 0, row,
         SPLIT_ROWS if splits > 1 else max(kv_end - lo, 1), target.stride(0) if splits > 1 else 0,
-        HAS_POS=pos is not None, PARTIAL=partial or splits > 1,
+        1 if block else 0, HAS_POS=pos is not None, PARTIAL=partial or splits > 1,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d)
     if splits > 1:
         ka.combine_stacked_kernel[(h_count, B)](out, target, splits, target.stride(0), hd,
@@ -371,8 +378,13 @@ def _kv_append(inputs, outputs, params):
     has_pos = "pos" not in params
     pos = inputs[1] if has_pos else new
     block = _pow2(D, hi=1024)
+    pos_step = 1 if has_pos and pos.numel() > 1 else 0     # a prompt block: row j at pos[j]
+    if pos_step and (B != 1 or pos.numel() != n):
+        raise ValidationError(f"KV_APPEND: a block of {pos.numel()} positions needs one per new "
+                              f"row ({n}) and a single-sequence cache, got {tuple(cache.shape)}")
     km.kv_append_kernel[(triton.cdiv(D, block), B * n)](
-        new, pos, cache, int(params.get("pos", 0)), D, n, max_seq, HAS_POS=has_pos, BLOCK=block)
+        new, pos, cache, int(params.get("pos", 0)), D, n, max_seq, pos_step, HAS_POS=has_pos,
+        BLOCK=block)
 
 
 # --------------------------------------------------------------------------------------------
