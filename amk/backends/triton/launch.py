@@ -22,6 +22,7 @@ from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE fla
 
 from amk.backends.triton import kernels_attention as ka
 from amk.backends.triton import kernels_elementwise as ke
+from amk.backends.triton import kernels_gemm as kgm
 from amk.backends.triton import kernels_gemv as kg
 from amk.backends.triton import kernels_movement as km
 
@@ -167,6 +168,9 @@ def _matmul_tile(inputs, outputs, params):
                               f"output's {N} columns or the weight's {w.shape[0]} rows")
     if n_tile == 0 or M == 0:
         return
+    if mode == kg.W_FP and M >= GEMM_MIN_ROWS:          # a prompt block: tensor-core GEMM
+        _gemm(x, w, bias, out, M, Kp, n_off, n_tile)
+        return
     block_k = 128 if (mode == kg.W_FP and w.element_size() >= 4) else 256
     block_k = _pow2(Kp, hi=block_k)
     # 16-byte loads (8 bf16 per lane, 128 lanes over BLOCK_N x BLOCK_K) and enough programs
@@ -195,6 +199,21 @@ def _dequant(inputs, outputs, params):
                             int(params.get("group", Kp)), n_groups,
                             MODE=kg.W_INT4 if packed else kg.W_INT, HAS_ZEROS=z is not None,
                             BLOCK_N=bn, BLOCK_K=bk)
+
+
+GEMM_MIN_ROWS = 16     # tl.dot's smallest M; fewer rows (decode, small batches) take the GEMV
+
+
+def _gemm(x, w, bias, out, M, K, n_off, n_tile):
+    # fp32 operands on the CPU interpreter (its bf16 dot is wrong) and for fp32 weights
+    upcast = x.device.type != "cuda" or w.element_size() >= 4 or x.element_size() >= 4
+    bm = 64 if M >= 64 else 16
+    bn, bk = 64, _pow2(K, lo=16, hi=32 if upcast else 64)
+    grid = (triton.cdiv(M, bm), triton.cdiv(n_tile, bn))
+    kgm.gemm_kernel[grid](x, w, bias if bias is not None else w, out, M, K, n_off,
+                          n_off + n_tile, _cols(x), _cols(w), _cols(out),
+                          HAS_BIAS=bias is not None, UPCAST=upcast,
+                          BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
 
 
 # --------------------------------------------------------------------------------------------
