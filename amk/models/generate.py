@@ -53,8 +53,9 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, backend: str | None 
     the next step on the device; EOS and on_token are checked at each sync."""
     if sync_every is None:
         sync_every = 8 if model.device.type == "cuda" else 1
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise TraceError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    for name, v in (("max_new_tokens", max_new_tokens), ("sync_every", sync_every)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TraceError(f"generate: {name} must be a positive integer, got {v!r}")
     batch, t_prompt = ids.shape
     if t_prompt + max_new_tokens > model.config.max_seq:
         raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens exceeds "
