@@ -53,7 +53,7 @@ def vm_timeout_s() -> float:
 
 def profile() -> bool:
     """AMK_PROFILE=1: the CUDA megakernel records per task %globaltimer at wait start, wait end
-    and task end (CudaProgram.profile() reads them; bench/profile_decode.py summarises)."""
+    and task end (CudaProgram.profile() reads them; bench/profile/profile_decode.py summarises)."""
     return _int("AMK_PROFILE", 0) != 0
 
 
@@ -166,7 +166,7 @@ def counter_stride() -> int:
 
 def lineinfo() -> bool:
     """AMK_LINEINFO=1: NVRTC adds line info to the cubin (-lineinfo), so a profiler (ncu's
-    source page, bench/ncu_step.py) maps each SASS instruction to a line of the kernel source."""
+    source page, bench/profile/ncu_step.py) maps each SASS instruction to a line of the kernel source."""
     return _int("AMK_LINEINFO", 0) != 0
 
 

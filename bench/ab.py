@@ -1,14 +1,15 @@
 """Same-call A/B of the cuda decode step: trees and knob settings, alternated round by round.
 
-Each VARIANT is `[TREE:]KNOBS`: TREE a directory holding another version of amk/ and bench/
-(e.g. `git archive <commit> amk bench | tar -x -C _dev/<name>`; default: this tree), KNOBS
+Each VARIANT is `[TREE:]KNOBS`: TREE a directory holding another version of amk/ (e.g.
+`git archive <commit> amk | tar -x -C _dev/<name>`; default: this tree), KNOBS
 `NAME=VAL[,NAME=VAL...]` set in the environment, or `-` for none. Every round runs every
-variant once, in the given order, each as its own `bench/decode.py --backends cuda` process in
-its tree (PYTHONPATH = the tree). Alternating rounds keep slow drift (clocks, other tenants)
+variant once, in the given order, each as its own process of THIS tree's `bench/decode.py
+--backends cuda` with PYTHONPATH = the variant's tree: one benchmark (model, cache size,
+context), only amk/ differs. Alternating rounds keep slow drift (clocks, other tenants)
 out of the comparison; count a difference only when it is well above the spread of the rounds
 (bench/NOTES.md: ~5 us at context 1024).
 
-    python3 bench/ab.py --rounds 2 - AMK_GEMV_PIPE=0 _dev/main:- _dev/main:AMK_LL=0
+    python3 bench/ab.py --rounds 2 - AMK_SPIN_NS=256 _dev/main:- _dev/main:AMK_PRELOAD=0
 
 Prints one line per run, then a table (ms per round, best) and writes it as JSON (--json).
 """
@@ -39,8 +40,8 @@ def parse_variant(arg: str) -> Variant:
     """`[TREE:]KNOBS` -> Variant; a clear error for a missing tree or a knob without '='."""
     tree, knobs = arg.split(":", 1) if ":" in arg else ("", arg)
     path = Path(tree).resolve() if tree else THIS_TREE
-    if not (path / "bench" / "decode.py").is_file():
-        raise SystemExit(f"bench/ab.py: variant {arg!r}: {path} holds no bench/decode.py")
+    if not (path / "amk" / "__init__.py").is_file():
+        raise SystemExit(f"bench/ab.py: variant {arg!r}: {path} holds no amk/ package")
     env = {}
     for kv in ([] if knobs in ("", "-") else knobs.split(",")):
         name, eq, value = kv.partition("=")
@@ -50,12 +51,14 @@ def parse_variant(arg: str) -> Variant:
     return Variant(arg, path, env)
 
 
-def decode_ms(v: Variant, context: int, iters: int, timeout: int) -> float | None:
+def decode_ms(v: Variant, context: int, iters: int, timeout: int, model: str = "llama-3.2-1b",
+              max_seq: int = 8192) -> float | None:
     """One bench/decode.py run of the variant: its AMK cuda ms, or None (printed why)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "decode.json"
-        cmd = [sys.executable, "bench/decode.py", "--contexts", str(context), "--backends", "cuda",
-               "--compile-peer-at", "--iters", str(iters), "--json", str(out)]
+        cmd = [sys.executable, str(THIS_TREE / "bench" / "decode.py"), "--contexts", str(context),
+               "--backends", "cuda", "--compile-peer-at", "--iters", str(iters), "--json", str(out),
+               "--model", model, "--max-seq", str(max_seq)]
         env = dict(os.environ, PYTHONPATH=str(v.tree), PYTHONUNBUFFERED="1", **v.env)
         try:
             r = subprocess.run(cmd, cwd=v.tree, env=env, capture_output=True, text=True, timeout=timeout)
@@ -100,15 +103,20 @@ def main(argv=None) -> int:
     ap.add_argument("variants", nargs="+", metavar="VARIANT")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--model", default="llama-3.2-1b", help="a bench/decode.py preset")
+    ap.add_argument("--max-seq", type=int, default=8192, help="KV cache rows")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=120, help="seconds a run may take")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     variants = [parse_variant(x) for x in a.variants]
-    rows = run(variants, a.rounds, lambda v: decode_ms(v, a.context, a.iters, a.timeout))
+    rows = run(variants, a.rounds,
+               lambda v: decode_ms(v, a.context, a.iters, a.timeout, a.model, a.max_seq))
+    print(f"{a.model}, context {a.context}, max_seq {a.max_seq}")
     print(table(rows))
     if a.json:
-        Path(a.json).write_text(json.dumps({"context": a.context, "rows": rows}, indent=1))
+        Path(a.json).write_text(json.dumps({"model": a.model, "context": a.context,
+                                            "max_seq": a.max_seq, "rows": rows}, indent=1))
     return 0 if all(r["best_ms"] is not None for r in rows) else 1
 
 

@@ -1,4 +1,6 @@
-"""Batch-1 decode of a Llama-3.2-1B-shaped model (random bf16 weights) on one GPU.
+"""Batch-1 decode of a preset model shape (random bf16 weights; --model, default Llama-3.2-1B)
+on one GPU, with a KV cache of --max-seq rows (default 8192: what a user allocates, not the
+context being measured; a cache sized to the context hides what capacity costs).
 
 Reports, from ONE run: the measured read bandwidth and the floor it implies (weight + KV bytes
 over that bandwidth), AMK cuda (one persistent kernel), AMK triton (one launch per task, CUDA
@@ -6,7 +8,7 @@ graph), AMK reference VM on the GPU, eager torch, torch.compile(mode="reduce-ove
 same compiled step replayed from one CUDA graph (GPU time only, as AMK cuda's), and AMK's cold
 and warm compile times. Prints a table; writes JSON.
 
-    python bench/decode.py --contexts 128 1024 4096 --json bench/results.json
+    python bench/decode.py --model qwen3-0.6b --contexts 128 1024 4096 --max-seq 8192
 """
 from __future__ import annotations
 
@@ -23,12 +25,12 @@ import torch
 from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
+sys.path.append(str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH (ab.py sets it)
 from torch_llama import torch_decode_step  # noqa: E402
 
 import amk  # noqa: E402
 from amk.models.model import Model  # noqa: E402
-from amk.models.presets import LLAMA_3_2_1B, random_params  # noqa: E402
+from amk.models.presets import PRESETS, random_params  # noqa: E402
 
 
 def time_ms(fn, iters: int, reps: int = 5) -> float:
@@ -105,7 +107,7 @@ def _leaves(x):
 
 def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: float,
                   compile_peer: bool) -> dict:
-    m = Model(replace(cfg, max_seq=ctx + 64), params)
+    m = Model(cfg, params)
     kv = m.new_kv()
     token = torch.tensor([17], dtype=torch.int32, device="cuda")
     pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
@@ -163,7 +165,7 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
 def compile_times(cfg, params) -> dict:
     """Cold (empty cache: trace + passes + NVRTC) and warm (disk cache) compile of the cuda step."""
     out = {}
-    m = Model(replace(cfg, max_seq=1088), params)
+    m = Model(cfg, params)
     args = m.example_args()
     with tempfile.TemporaryDirectory() as d:
         old = os.environ.get("AMK_CACHE_DIR")
@@ -187,6 +189,10 @@ def compile_times(cfg, params) -> dict:
 
 def main(argv=None) -> int:
     ap = parser(__doc__)
+    ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(PRESETS),
+                    help="the preset shape (amk/models/presets.py; default %(default)s)")
+    ap.add_argument("--max-seq", type=int, default=8192,
+                    help="KV cache rows, for every context (default %(default)s)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
     ap.add_argument("--backends", nargs="+", default=["cuda", "triton", "reference"])
     ap.add_argument("--iters", type=int, default=50)
@@ -195,12 +201,16 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--json", default="bench/results.json")
     a = ap.parse_args(argv)
+    if a.max_seq < max(a.contexts) or min(a.contexts) < 1:
+        ap.error(f"--max-seq {a.max_seq} must hold every context (1..{a.max_seq}), got {a.contexts}")
     if not have_gpu(__file__):
         return 2
-    cfg = LLAMA_3_2_1B if a.layers is None else replace(LLAMA_3_2_1B, n_layers=a.layers)
+    cfg = replace(PRESETS[a.model], max_seq=a.max_seq)
+    cfg = cfg if a.layers is None else replace(cfg, n_layers=a.layers)
     params = random_params(cfg, device="cuda", seed=0)
     bw = read_bandwidth()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    result = {"model": a.model, "max_seq": a.max_seq,
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "read_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes(params) / 1e9,
               "rows": []}
     if "cuda" in a.backends:
@@ -219,8 +229,8 @@ def main(argv=None) -> int:
 
 
 def print_table(r: dict) -> None:
-    print(f"\n{r['device']}  torch {r['torch']}  read bandwidth {r['read_bandwidth_TBps']:.2f} TB/s  "
-          f"weights {r['weight_GB']:.2f} GB")
+    print(f"\n{r['model']}  max_seq {r['max_seq']}  {r['device']}  torch {r['torch']}  "
+          f"read bandwidth {r['read_bandwidth_TBps']:.2f} TB/s  weights {r['weight_GB']:.2f} GB")
     if "compile" in r:
         print("compile:", ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in r["compile"].items()))

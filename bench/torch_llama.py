@@ -1,4 +1,4 @@
-"""The peers: the same Llama decode step in plain PyTorch (eager, and torch.compile with CUDA
+"""The peers: the same Llama-family decode step (Llama, Qwen2 biases, Qwen3 qk-norm) in plain PyTorch (eager, and torch.compile with CUDA
 graphs), over the same params dict and KV cache layout as amk/models/llama.py."""
 from __future__ import annotations
 
@@ -35,9 +35,12 @@ def torch_decode_step(cfg, params, token, pos, kv):
     mask = torch.where(seq <= p_idx, 0.0, float("-inf"))   # fp32, static shape: graph-safe
     for p, cache in zip(params["layers"], kv):
         h = _rms(x, p["attn_norm"], cfg.rms_eps)
-        q = _rope(F.linear(h, p["wq"]), pos, params["inv_freq"], hd)
-        k = _rope(F.linear(h, p["wk"]), pos, params["inv_freq"], hd)
-        v = F.linear(h, p["wv"])
+        q, k, v = F.linear(h, p["wq"], p.get("bq")), F.linear(h, p["wk"], p.get("bk")), F.linear(h, p["wv"], p.get("bv"))
+        if cfg.qk_norm:        # Qwen3: RMSNorm over each head's head_dim, before rope
+            q = _rms(q.view(-1, hd), p["q_norm"], cfg.rms_eps).view_as(q)
+            k = _rms(k.view(-1, hd), p["k_norm"], cfg.rms_eps).view_as(k)
+        q = _rope(q, pos, params["inv_freq"], hd)
+        k = _rope(k, pos, params["inv_freq"], hd)
         cache["k"].index_copy_(0, p_idx, k.view(1, nkv, hd))
         cache["v"].index_copy_(0, p_idx, v.view(1, nkv, hd))
         a = _attention(q.view(nkv, nh // nkv, hd), cache["k"], cache["v"], mask)

@@ -16,11 +16,24 @@ LLAMA_3_2_1B = DecoderConfig(
     rms_eps=1e-5, rope_theta=500000.0, tie_embeddings=True, max_seq=4096,
     dtype=torch.bfloat16, arch="llama")
 
+# The shapes of Qwen3-0.6B (head_dim 128, qk-norm, 28 layers of hidden 1024) and Llama-3-8B
+# (hidden 4096, 32 layers, an untied LM head): other corners than the 1B for the benchmarks.
+QWEN3_0_6B = DecoderConfig(
+    vocab=151936, hidden=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ffn=3072,
+    rms_eps=1e-6, rope_theta=1000000.0, tie_embeddings=True, qk_norm=True, max_seq=4096,
+    dtype=torch.bfloat16, arch="qwen3")
+
+LLAMA_3_8B = DecoderConfig(
+    vocab=128256, hidden=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, ffn=14336,
+    rms_eps=1e-5, rope_theta=500000.0, tie_embeddings=False, max_seq=4096,
+    dtype=torch.bfloat16, arch="llama")
+
 TINY_LLAMA = DecoderConfig(
     vocab=96, hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128,
     max_seq=64, dtype=torch.float32)
 
-PRESETS = {"llama-3.2-1b": LLAMA_3_2_1B, "tiny-llama": TINY_LLAMA}
+PRESETS = {"llama-3.2-1b": LLAMA_3_2_1B, "qwen3-0.6b": QWEN3_0_6B, "llama-3-8b": LLAMA_3_8B,
+           "tiny-llama": TINY_LLAMA}
 
 
 def random_params(cfg: DecoderConfig, device="cpu", seed: int = 0) -> dict:
@@ -45,6 +58,11 @@ def random_params(cfg: DecoderConfig, device="cpu", seed: int = 0) -> dict:
             "attn_norm": ones(H), "wq": rnd(cfg.n_heads * D, H), "wk": rnd(cfg.n_kv_heads * D, H),
             "wv": rnd(cfg.n_kv_heads * D, H), "wo": rnd(H, cfg.n_heads * D), "mlp_norm": ones(H),
             "w_gate": rnd(cfg.ffn, H), "w_up": rnd(cfg.ffn, H), "w_down": rnd(H, cfg.ffn)})
+        if cfg.qk_norm:
+            layers[-1].update(q_norm=ones(D), k_norm=ones(D))
+        if cfg.qkv_bias:
+            layers[-1].update(bq=rnd(cfg.n_heads * D, scale=0.1), bk=rnd(cfg.n_kv_heads * D, scale=0.1),
+                              bv=rnd(cfg.n_kv_heads * D, scale=0.1))
     embed = rnd(cfg.vocab, H, scale=1.0)
     inv = cfg.default_inv_freq().to(dev) if dev.type != "meta" else torch.empty(D // 2, device=dev)
     return {"embed": embed, "layers": layers, "norm": ones(H),

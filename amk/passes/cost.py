@@ -58,7 +58,8 @@ def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: M
         nh = int(params.get("n_heads", nkv))
         hc = int(params.get("h_count", nh))
         kvh = max(1, hc * nkv // max(nh, 1))
-        rows = int(params.get("kv_len", kc.shape[-3]))
+        # a shard reads its piece of the window (costed at a full window: the worst step)
+        rows = -(-int(params.get("kv_len", kc.shape[-3])) // int(params.get("kv_shards", 1)))
         batch = kc.numel // (kc.shape[-3] * kc.shape[-2] * kc.shape[-1])
         nb = 2.0 * batch * rows * kvh * hd * _ITEMSIZE[kc.dtype]
         nb += sum(nbytes(b) * hc / max(nh, 1) for b in (ins[0], out) if b is not None)

@@ -1,10 +1,12 @@
 """split_kv: each decode ATTENTION_TILE becomes G kv-head groups x P KV shards (flash decoding).
 
-Shard p of group g is an ATTENTION_TILE with PARTIAL_WRITE (flags bit 1) over the fixed cache
-rows [p*S, (p+1)*S), S = ceil(max_seq / P), restricted to the q heads of kv head g (h_off,
-h_count). It writes rows [h_off, h_off+h_count) of partial buffer p, an f32 ACTIVATION of
-[.., n_heads*(head_dim+2)] (= [acc | m | l] per head). The runtime pos clamps every shard; a
-shard past pos+1 is empty and writes acc=0, m=-inf, l=0, which the combine weighs 0. One
+Shard p of group g is an ATTENTION_TILE with PARTIAL_WRITE (flags bit 1) over piece p of P of
+the LIVE window [0, pos+1) (kv_shard = p, kv_shards = P; regions.kv_window), restricted to the
+q heads of kv head g (h_off, h_count): the shards split the context, not the cache's capacity,
+so a user's 8K cache at position 127 still gives every shard 127/P rows. It writes rows
+[h_off, h_off+h_count) of partial buffer p, an f32 ACTIVATION of [.., n_heads*(head_dim+2)]
+(= [acc | m | l] per head). An empty shard writes acc=0, m=-inf, l=0, which the combine
+weighs 0. One
 ATTENTION_COMBINE per group merges its P partials into the group's heads of the output (or one
 over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
 
@@ -55,8 +57,6 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         start = int(p.get("kv_start", 0))
         length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
         P = shard_count(length, groups, opts)
-        S = -(-length // P)
-        P = -(-length // S)                       # no shard starts past the end
         if groups == 1 and P == 1:
             out.append(t)
             continue
@@ -74,9 +74,8 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
             parts.append(b.id)
         for g, h in enumerate(heads):
             for s in range(P):
-                lo = start + s * S
-                sp = {**p, **h, "kv_start": lo, "kv_len": min(S, start + length - lo),
-                      "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
+                sp = {**p, **h, "kv_start": start, "kv_len": length, "kv_shard": s,
+                      "kv_shards": P, "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
                 out.append(Task(t.id, t.op, t.inputs, (parts[s],), sp, t.waits, next_counter,
                                 f"{t.name}[kv {g}/{groups} shard {s}/{P}]"))
         # the combines take the attention's counter, so its consumers' waits stay right

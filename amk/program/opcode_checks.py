@@ -154,7 +154,14 @@ def _attention(c: _Ctx) -> None:
     n_kv = c.int_("n_kv_heads", lo=1)
     c.int_("kv_start", 0, lo=0)
     c.int_("kv_len", 0, lo=0)
+    shards = c.int_("kv_shards", 1, lo=1)
+    shard = c.int_("kv_shard", 0, lo=0)
     flags = c.int_("flags", 0, lo=0)
+    if shard >= shards:
+        c.bad(f"kv_shard={shard} is not below kv_shards={shards}")
+    if shards > 1 and not flags & PARTIAL_WRITE:
+        c.bad(f"kv_shards={shards} needs PARTIAL_WRITE ({PARTIAL_WRITE}) in flags: a shard's "
+              "result is a flash partial")
     if n_heads % n_kv:
         c.bad(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv}")
         raise _Bad

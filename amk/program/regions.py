@@ -37,6 +37,24 @@ _ATTENTION = (K.ATTENTION_TILE, K.ATTENTION_COMBINE)
 PARTIAL_WRITE = 2                         # ATTENTION_TILE flags bit: out holds [acc | m | l] rows
 NEW_KV = 4                                # ATTENTION_TILE flags bit: row pos from inputs 4, 5
 
+
+def kv_window(kv_start: int, kv_len: int, max_seq: int, pos: int | None,
+              shard: int = 0, shards: int = 1) -> tuple[int, int]:
+    """The cache rows [lo, hi) an ATTENTION_TILE reads at run time: [kv_start, kv_start+kv_len)
+    clamped by max_seq and the runtime pos (rows <= pos), then, for a split-KV shard (shards >
+    1), shard `shard` of `shards` equal pieces of that live window. Splitting the live window,
+    not the cache's capacity, keeps every shard busy however large the cache a user allocates."""
+    lo = kv_start
+    hi = min(max_seq, kv_start + kv_len)
+    if pos is not None:
+        hi = min(hi, pos + 1)
+    hi = max(hi, lo)
+    if shards > 1:
+        size = -(-(hi - lo) // shards)
+        lo, hi = lo + shard * size, min(hi, lo + (shard + 1) * size)
+        hi = max(hi, lo)
+    return lo, hi
+
 def _whole(bid: int | None, width) -> list[Region]:
     if bid is None:
         return []

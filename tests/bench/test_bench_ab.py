@@ -22,16 +22,16 @@ def ab():
 
 def test_a_variant_is_a_tree_and_knobs(ab, tmp_path):
     assert ab.parse_variant("-") == ab.Variant("-", ab.THIS_TREE, {})
-    assert ab.parse_variant("AMK_LL=0,AMK_GEMV_PIPE=2x8").env == {"AMK_LL": "0", "AMK_GEMV_PIPE": "2x8"}
-    (tmp_path / "bench").mkdir()
-    (tmp_path / "bench" / "decode.py").write_text("")
-    v = ab.parse_variant(f"{tmp_path}:AMK_LL=0")
-    assert (v.tree, v.env) == (tmp_path.resolve(), {"AMK_LL": "0"})
+    assert ab.parse_variant("AMK_PRELOAD=0,AMK_SPIN_NS=256").env == {"AMK_PRELOAD": "0", "AMK_SPIN_NS": "256"}
+    (tmp_path / "amk").mkdir()
+    (tmp_path / "amk" / "__init__.py").write_text("")
+    v = ab.parse_variant(f"{tmp_path}:AMK_PRELOAD=0")
+    assert (v.tree, v.env) == (tmp_path.resolve(), {"AMK_PRELOAD": "0"})
     assert ab.parse_variant(f"{tmp_path}:-").env == {}
 
 
-@pytest.mark.parametrize("arg, says", [("/nonexistent/tree:-", "holds no bench/decode.py"),
-                                       ("AMK_LL", "'AMK_LL' is not NAME=VAL"),
+@pytest.mark.parametrize("arg, says", [("/nonexistent/tree:-", "holds no amk/ package"),
+                                       ("AMK_PRELOAD", "'AMK_PRELOAD' is not NAME=VAL"),
                                        ("=1", "is not NAME=VAL")])
 def test_a_bad_variant_says_what_is_wrong(ab, arg, says):
     with pytest.raises(SystemExit, match=says):
@@ -39,11 +39,11 @@ def test_a_bad_variant_says_what_is_wrong(ab, arg, says):
 
 
 def test_rounds_alternate_the_variants_and_the_table_keeps_the_best(ab, capsys):
-    a, b = ab.parse_variant("-"), ab.parse_variant("AMK_LL=0")
+    a, b = ab.parse_variant("-"), ab.parse_variant("AMK_PRELOAD=0")
     order, results = [], iter([1.05, 1.10, 1.04, None])
     rows = ab.run([a, b], 2, lambda v: (order.append(v.name), next(results))[1])
-    assert order == ["-", "AMK_LL=0", "-", "AMK_LL=0"]
+    assert order == ["-", "AMK_PRELOAD=0", "-", "AMK_PRELOAD=0"]
     assert [r["ms"] for r in rows] == [[1.05, 1.04], [1.10, None]]
     assert [r["best_ms"] for r in rows] == [1.04, 1.10]
     text = ab.table(rows)
-    assert "- | 1.050 | 1.040 | 1.040" in text and "AMK_LL=0 | 1.100 | - | 1.100" in text
+    assert "- | 1.050 | 1.040 | 1.040" in text and "AMK_PRELOAD=0 | 1.100 | - | 1.100" in text

@@ -102,9 +102,10 @@ def test_tile_width_from_options():
 def test_split_kv_text(stages):
     t = text(stages["split_kv"])
     check_lines(t, [r"b\d+ v\d+\.part0 activation f32\[1,40\]",          # 4 heads x (8+2)
-                    r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 6, "flags": 2, "h_off": 0, "h_count": 2',
-                    r'ATTENTION_TILE .*"kv_start": 12, "kv_len": 4, "flags": 2, "h_off": 0',
-                    r'ATTENTION_TILE .*"kv_start": 12, "kv_len": 4, "flags": 2, "h_off": 2',
+                    # every shard spans the cache; kv_shard picks its piece of the live window
+                    r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 3',
+                    r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
+                    r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 2, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
                     r'ATTENTION_COMBINE in=\(b\d+,b\d+,b\d+\) .*"h_off": 0, "h_count": 2',
                     r'ATTENTION_COMBINE .*"h_off": 2, "h_count": 2'])
 

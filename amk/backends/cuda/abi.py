@@ -91,9 +91,11 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (lower._rope_into_attention); K_ROPE: so is NEW_KV's new k row
     # (lower._k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
-    # from THETA. NEW_KV: cache row pos is read from k_new, v_new (P[4], P[5])
+    # from THETA. NEW_KV: cache row pos is read from k_new, v_new (P[4], P[5]). KV_SHARD of
+# KV_SHARDS: the shard's piece of the live window (regions.kv_window)
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
-             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE"),
+             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE",
+             "KV_SHARD", "KV_SHARDS"),
     "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
     "EMBED": ("B", "H", "V", "IDS64"),
     # ROPE_HD > 0: the new rows are rotated here (lower._rope_into_append), inverse frequencies

@@ -471,7 +471,8 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
                 H_COUNT=hc, B=B, MAX_SEQ=max_seq,
                 POS64=_int_input(t, ins[3], "attention pos") if has_pos else 0,
-                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv))
+                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv),
+                KV_SHARD=int(p.get("kv_shard", 0)), KV_SHARDS=int(p.get("kv_shards", 1)))
     e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)))
     return e
 

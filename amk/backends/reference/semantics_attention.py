@@ -14,7 +14,7 @@ import torch
 
 from amk.errors import TraceError, ValidationError
 from amk.backends.reference.semantics_common import column_range, f32, host_int
-from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE flags bits
+from amk.program.regions import NEW_KV, PARTIAL_WRITE, kv_window   # the ATTENTION_TILE flags bits
 
 
 def _cache_view(c: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -41,7 +41,8 @@ def _head_range(params, n_heads: int, rep: int) -> tuple[int, int]:
 
 
 def attention_tile(inputs, outputs, params, ctx):
-    """softmax(q.k^T * scale).v over cache rows [kv_start, kv_start+kv_len) ∩ [0, pos+1).
+    """softmax(q.k^T * scale).v over cache rows [kv_start, kv_start+kv_len) ∩ [0, pos+1), or
+    shard kv_shard of kv_shards equal pieces of that live window (regions.kv_window).
 
     inputs = [q, k_cache, v_cache, pos?]. flags bit 1 (PARTIAL_WRITE): out is the split-KV flash
     partial ``[B?, n_heads, head_dim+2] = [acc | m | l]`` (un-normalised acc = sum exp(s-m) v);
@@ -72,14 +73,16 @@ def attention_tile(inputs, outputs, params, ctx):
                               f"needs one position per row and a single-sequence cache, got a "
                               f"cache of {B} sequences")
 
-    lo = int(params.get("kv_start", 0))
-    hi = min(max_seq, lo + int(params.get("kv_len", max_seq - lo)))
-    if block:                                  # the window reaches the block's last position
-        row_pos = pos.reshape(-1).to(torch.long)
-        hi = min(hi, int(row_pos.max()) + 1)
-    elif pos is not None:                      # ext: clamp by the runtime pos
-        hi = min(hi, host_int(pos, ctx) + 1)
-    hi = max(hi, lo)
+    kv_start = int(params.get("kv_start", 0))
+    window = (kv_start, int(params.get("kv_len", max_seq - kv_start)), max_seq)
+    shard = (int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)))
+    if block:        # each row its own live window (its shard of it): rows <= pos[r]
+        rows = [kv_window(*window, int(p), *shard) for p in pos.reshape(-1).tolist()]
+        row_lo = torch.tensor([a for a, _ in rows], device=q_in.device)
+        row_hi = torch.tensor([b for _, b in rows], device=q_in.device)
+        lo, hi = int(row_lo.min()), max(int(row_lo.min()), int(row_hi.max()))
+    else:
+        lo, hi = kv_window(*window, host_int(pos, ctx) if pos is not None else None, *shard)
 
     qg = f32(q[:, h_off:h_off + hc]).reshape(R, g1 - g0, rep, hd)     # [R, G, rep, hd]
     kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
@@ -95,11 +98,11 @@ def attention_tile(inputs, outputs, params, ctx):
                 w[:, :, p - lo] = f32(row)
     scores = (qg @ kw.transpose(-1, -2)) * scale                      # [R, G, rep, L]
     empty = None
-    if block:                                  # causal: row r sees cache rows <= pos[r]
+    if block:                                  # causal: row r sees only its own window
         keys = torch.arange(lo, hi, device=scores.device)
-        future = keys[None, :] > row_pos[:, None]                     # [R, L]
-        scores = scores.masked_fill(future[:, None, None, :], float("-inf"))
-        empty = (row_pos < lo)                 # rows whose window part is empty: [R]
+        outside = (keys[None, :] < row_lo[:, None]) | (keys[None, :] >= row_hi[:, None])
+        scores = scores.masked_fill(outside[:, None, None, :], float("-inf"))
+        empty = row_hi <= row_lo               # rows whose window is empty: [R]
 
     out = outputs[0]
     if int(params.get("flags", 0)) & PARTIAL_WRITE:

@@ -3,8 +3,9 @@
 Layouts (docs/PROGRAM.md): q ``[B, n_heads, head_dim]``, caches ``[B, max_seq, n_kv, head_dim]``
 (B = 1 and batch stride 0 for a single-sequence cache). One program handles one kv head and
 its ``rep = n_heads // n_kv`` q heads, so each K/V row is read once per group. The window is
-``[kv_start, kv_start+kv_len) ∩ [0, pos+1)`` with pos read from a device tensor at run time, so
-a captured CUDA graph stays valid for every decode step.
+``[kv_start, kv_start+kv_len) ∩ [0, pos+1)`` with pos read from a device tensor at run time (a
+split-KV shard takes its piece of that live window), so a captured CUDA graph stays valid for
+every decode step.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import triton.language as tl
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
                      head_dim, n_heads, rep, max_seq, kv_start, kv_end, g_off, scale,
-                     stride_cb, stride_cs, split_len, stride_split, pos_step,
+                     stride_cb, stride_cs, split_len, stride_split, kv_shard, kv_shards,
+                     pos_step,
                      HAS_POS: tl.constexpr, PARTIAL: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (kv groups, B, splits). Online softmax over BLOCK_N cache rows at a time, fp32
@@ -28,11 +30,16 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
     g = g_off + tl.program_id(0)
     b = tl.program_id(1)
     sid = tl.program_id(2)
-    kv_start = kv_start + sid * split_len
     o_ptr = o_ptr + sid * stride_split
-    hi = tl.minimum(tl.minimum(kv_end, kv_start + split_len), max_seq)
+    hi = tl.minimum(kv_end, max_seq)               # the live window (regions.kv_window) ...
     if HAS_POS:
         hi = tl.minimum(hi, tl.load(pos_ptr + b * pos_step).to(tl.int32) + 1)
+    hi = tl.maximum(hi, kv_start)
+    size = (hi - kv_start + kv_shards - 1) // kv_shards       # ... a split-KV shard's piece of it
+    kv_start = kv_start + kv_shard * size
+    hi = tl.minimum(hi, kv_start + size)
+    kv_start = kv_start + sid * split_len          # ... and this program's split of that
+    hi = tl.minimum(hi, kv_start + split_len)
     heads = g * rep + tl.arange(0, BLOCK_H)
     h_mask = heads < (g + 1) * rep
     d = tl.arange(0, BLOCK_D)

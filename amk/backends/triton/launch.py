@@ -289,7 +289,8 @@ def _attention_tile(inputs, outputs, params):
         float(params.get("scale", 1.0 / hd ** 0.5)),
         max_seq * row if k.dim() == 4 else 0, row,
         SPLIT_ROWS if splits > 1 else max(kv_end - lo, 1), target.stride(0) if splits > 1 else 0,
-        1 if block else 0, HAS_POS=pos is not None, PARTIAL=partial or splits > 1,
+        int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)), 1 if block else 0,
+        HAS_POS=pos is not None, PARTIAL=partial or splits > 1,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d)
     if splits > 1:
         ka.combine_stacked_kernel[(h_count, B)](out, target, splits, target.stride(0), hd,

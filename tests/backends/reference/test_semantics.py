@@ -10,6 +10,7 @@ from amk.backends.reference.semantics import (
 )
 from amk.errors import TraceError, ValidationError
 from amk.program.ir import DType, InstructionKind as K
+from amk.program.regions import kv_window
 
 
 def run(op, inputs, outputs, **params):
@@ -228,6 +229,27 @@ def test_split_kv_partials_and_combine_equal_unsplit(pos_value):
     merged = run(K.ATTENTION_COMBINE, parts, [torch.empty(NH * HD)], head_dim=HD, n_heads=NH)
     whole = run(K.ATTENTION_TILE, [q, k, v, pos], [torch.empty(1, NH * HD)], **common)
     torch.testing.assert_close(merged, whole.view(-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(merged, sdpa_ref(q, k, v, pos_value + 1).view(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_kv_window_splits_the_live_window_not_the_cache():
+    # 16 cache rows, 3 shards: at pos 5 the 6 live rows split 2 / 2 / 2, at pos 1 1 / 1 / 0
+    assert [kv_window(0, 16, 16, 5, s, 3) for s in range(3)] == [(0, 2), (2, 4), (4, 6)]
+    assert [kv_window(0, 16, 16, 1, s, 3) for s in range(3)] == [(0, 1), (1, 2), (2, 2)]
+    assert [kv_window(0, 16, 16, 15, s, 3) for s in range(3)] == [(0, 6), (6, 12), (12, 16)]
+    assert kv_window(4, 8, 16, 2, 0, 1) == (4, 4)              # the window starts past pos: empty
+    assert kv_window(4, 8, 16, None, 1, 2) == (8, 12)          # no pos: the static window
+
+
+@pytest.mark.parametrize("pos_value", [0, 1, 5, 11])
+def test_dynamic_shards_merge_to_the_unsplit_attention(pos_value):
+    q, k, v = attn_inputs(seed=31)
+    pos = torch.tensor([pos_value], dtype=torch.int32)
+    common = dict(head_dim=HD, n_heads=NH, n_kv_heads=NKV)
+    parts = [run(K.ATTENTION_TILE, [q, k, v, pos], [torch.full((NH, HD + 2), float("nan"))],
+                 kv_start=0, kv_len=S, kv_shard=s, kv_shards=3, flags=2, **common)
+             for s in range(3)]
+    merged = run(K.ATTENTION_COMBINE, parts, [torch.empty(NH * HD)], head_dim=HD, n_heads=NH)
     torch.testing.assert_close(merged, sdpa_ref(q, k, v, pos_value + 1).view(-1), rtol=1e-5, atol=1e-6)
 
 

@@ -25,12 +25,24 @@ __device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, 
   vx = to_f(from_f<TV>(to_f(((const TN*)P[5])[row * hd + e])));
 }
 
-__device__ __forceinline__ void attn_window(const TaskDesc& d, void* const* P, long long& lo, long long& hi) {
+// The rows [lo, hi) the task reads (regions.kv_window): the static window clamped by max_seq and
+// pos, then a split-KV shard's piece KV_SHARD of KV_SHARDS of that live window. Returns pos (0
+// without one).
+__device__ __forceinline__ long long attn_window(const TaskDesc& d, void* const* P, long long& lo, long long& hi) {
   lo = d.ip[P_ATTN_KV_START];
   hi = lo + d.ip[P_ATTN_KV_LEN];
   if (hi > d.ip[P_ATTN_MAX_SEQ]) hi = d.ip[P_ATTN_MAX_SEQ];
-  if (d.ip[P_ATTN_HAS_POS]) { long long p = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > p + 1) hi = p + 1; }
+  long long p = 0;
+  if (d.ip[P_ATTN_HAS_POS]) { p = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > p + 1) hi = p + 1; }
   if (hi < lo) hi = lo;
+  const long long shards = d.ip[P_ATTN_KV_SHARDS];
+  if (shards > 1) {
+    const long long size = (hi - lo + shards - 1) / shards, s0 = lo + d.ip[P_ATTN_KV_SHARD] * size;
+    hi = hi < s0 + size ? hi : s0 + size;
+    lo = s0;
+    if (hi < lo) hi = lo;
+  }
+  return p;
 }
 
 // One chunk's online softmax: warp w < nhs turns head w's scores sc[w * stride + i], i < cn,
@@ -298,9 +310,9 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
-  const long long lo = d.ip[P_ATTN_KV_START];
-  long long hi0 = lo + d.ip[P_ATTN_KV_LEN];                  // the window before pos
-  if (hi0 > max_seq) hi0 = max_seq;
+  long long lo, hi;
+  const long long pos = attn_window(d, P, lo, hi);           // the live window: the shard's rows
+  const int n = (int)(hi - lo);
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   const AttnLayout L = attn_layout(hd, (int)sizeof(TK), (int)sizeof(TV), HG);
@@ -327,14 +339,10 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         const TV* vbase = vc + (b * max_seq * nkv + g) * hd;
         __syncthreads();                                     // the previous users of smem
         AMK_MARK(0);
-        const int cn0 = hi0 - lo < CR ? (int)(hi0 > lo ? hi0 - lo : 0) : CR;
-        attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before pos and q
+        const int cn0 = n < CR ? n : CR;
+        attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before q
         attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
         AMK_MARK(1);
-        long long hi = hi0, pos = 0;
-        if (d.ip[P_ATTN_HAS_POS]) { pos = read_int(P[3], d.ip[P_ATTN_POS64]); if (hi > pos + 1) hi = pos + 1; }
-        if (hi < lo) hi = lo;
-        const int n = (int)(hi - lo);
         // NEW_KV: the window holds pos (hi = pos + 1): the new rows, to smem (registers spill)
         const int new_r = d.ip[P_ATTN_NEW_KV] && n > 0 && hi == pos + 1 ? n - 1 : -1;   // its row - lo
         const long long nro = ((long long)b * nkv + g) * hd;

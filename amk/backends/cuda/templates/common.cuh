@@ -144,7 +144,7 @@ __device__ __forceinline__ unsigned long long global_timer() {
 }
 // AMK_PROFILE: AMK_MARK(k), k < AMK_PROF_W - 4, records %globaltimer (thread 0) at point k of a
 // plain task's device function in the task's free profile words 4 + k (a FUSED task keeps its
-// steps' starts there): CudaProgram.profile_marks, bench/profile_decode.py. Nothing otherwise.
+// steps' starts there): CudaProgram.profile_marks, bench/profile/profile_decode.py. Nothing otherwise.
 #ifdef AMK_PROFILE
 __shared__ unsigned long long* amk_mark_row;
 #define AMK_MARK(k) do { if (threadIdx.x == 0 && amk_mark_row) amk_mark_row[4 + (k)] = global_timer(); } while (0)

@@ -8,7 +8,7 @@ start, wait end and end), runs a few warm steps, and prints from the last one:
   * the stage timeline of one middle layer (first run start .. last end of each stage);
   * the span of the whole step.
 
-    python bench/profile_decode.py --context 1024 [--layers 16] [--json out.json]
+    python bench/profile/profile_decode.py --context 1024 [--layers 16] [--json out.json]
 """
 from __future__ import annotations
 
@@ -20,13 +20,11 @@ import sys
 from pathlib import Path
 
 os.environ["AMK_PROFILE"] = "1"
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # amk and bench without PYTHONPATH
 
-from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
-
-from amk import knobs  # noqa: E402
 from amk.passes.cost import task_cost  # noqa: E402
 from amk.program.ir import BufferKind, InstructionKind as K  # noqa: E402
+from bench.gpu_tool import have_gpu, parser  # noqa: E402
 from bench.llama_step import cuda_step  # noqa: E402
 
 _LAYER = re.compile(r"(?:layers|kv)\.(\d+)\.")
@@ -170,8 +168,8 @@ def main(argv=None) -> int:
         return 2
     step, args, cfg = cuda_step(a.context, a.layers)
     exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)
-    print(f"knobs (ring, attn_smem, profile, ctas, pipe, l2, spin, stride): {knobs.backend_knobs()}, "
-          f"{len(exe.lowered.stream)} streamed chunks")
+    knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("AMK_")}
+    print("knobs set: " + " ".join(f"{k}={v}" for k, v in knobs.items()))
     print(f"context {a.context}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")
     print_summary(s, cfg.n_layers // 2)

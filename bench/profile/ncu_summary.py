@@ -1,13 +1,13 @@
 """Fold Nsight Compute's per-instruction table of the megakernel into time per device function.
 
-Inputs (see bench/ncu_step.py): the SASS source page as CSV (`ncu -i R --page source --csv
+Inputs (see bench/profile/ncu_step.py): the SASS source page as CSV (`ncu -i R --page source --csv
 --print-source sass`), the cubin built with AMK_LINEINFO=1 (its line table maps each SASS
 offset to a line of the kernel source; nvdisasm reads it) and that kernel source (the
 functions are found by their definitions). Prints, per device function (the innermost one
 an instruction's line belongs to): warp-stall samples, their top stall reasons, instructions
 executed; then the hottest source lines, and every local-memory (spill) instruction executed.
 
-    python bench/ncu_summary.py sass.csv kernel.cubin kernel.cu [--nvdisasm PATH] [--top 40]
+    python bench/profile/ncu_summary.py sass.csv kernel.cubin kernel.cu [--nvdisasm PATH] [--top 40]
 """
 from __future__ import annotations
 

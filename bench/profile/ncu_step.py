@@ -4,21 +4,21 @@ Set AMK_LINEINFO=1 so ncu's source page maps SASS to lines of the generated kern
 AMK_DUMP_IR=DIR to keep that kernel.cu.
 
     AMK_LINEINFO=1 ncu --set full -k amk_megakernel --launch-skip 3 --launch-count 1 \\
-        -o step python bench/ncu_step.py --context 1024
+        -o step python bench/profile/ncu_step.py --context 1024
     ncu -i step.ncu-rep --page source --csv --print-source sass > sass.csv
 
-bench/ncu_summary.py folds such a SASS table into time per device function and source line.
+bench/profile/ncu_summary.py folds such a SASS table into time per device function and source line.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # amk and bench without PYTHONPATH
 
 import torch  # noqa: E402
-from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
 
+from bench.gpu_tool import have_gpu, parser  # noqa: E402
 from bench.llama_step import cuda_step  # noqa: E402
 
 

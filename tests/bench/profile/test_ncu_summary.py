@@ -1,4 +1,4 @@
-"""bench/ncu_summary.py maps Nsight Compute's per-instruction samples to device functions and
+"""bench/profile/ncu_summary.py maps Nsight Compute's per-instruction samples to device functions and
 source lines: checked on a real megakernel (NVRTC with line info, no GPU), the SASS table of
 ncu's source page stood in for by a CSV with samples on chosen instructions."""
 import csv
@@ -19,7 +19,7 @@ from amk.backends.cuda.compile import DEFAULT_OPTIONS  # noqa: E402
 _triton = importlib.util.find_spec("triton")
 NVDISASM = (Path(_triton.origin).parent / "backends" / "nvidia" / "bin" / "nvdisasm" if _triton
             else Path("/nonexistent"))
-spec = importlib.util.spec_from_file_location("ncu_summary", Path(__file__).parents[2] / "bench" / "ncu_summary.py")
+spec = importlib.util.spec_from_file_location("ncu_summary", Path(__file__).parents[3] / "bench" / "profile" / "ncu_summary.py")
 ns = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ns)
 

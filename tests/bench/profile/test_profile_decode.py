@@ -1,0 +1,73 @@
+"""bench/profile/profile_decode.py's summary of a profiled step, on the CPU: the tiny Llama's
+program as the cuda options schedule it, with made-up profile rows (task, queue, wait start,
+wait end, end in ns, SM) and FUSED step starts, so every figure it prints is known."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import amk
+from amk.models.model import Model
+from amk.models.presets import TINY_LLAMA, random_params
+from amk.passes.options import PassOptions
+
+TOOL = Path(__file__).resolve().parents[3] / "bench" / "profile" / "profile_decode.py"
+
+
+@pytest.fixture(scope="module")
+def pd():
+    spec = importlib.util.spec_from_file_location("profile_decode", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    with pytest.MonkeyPatch.context() as mp:        # it sets AMK_PROFILE=1 for its own run:
+        mp.setenv("AMK_PROFILE", "1")               # undone for the tests after this one
+        spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def prog():
+    m = Model(TINY_LLAMA, random_params(TINY_LLAMA))
+    step = amk.jit(m.fn, backend="reference", donate=("kv",), options=PassOptions.for_backend("cuda"))
+    return step.lower(*m.example_args()).program
+
+
+def _rows(prog, queues=3):
+    """Task t on queue t % queues, one after another: 0.1 us of wait, then 1 us of run."""
+    rows, clock = [], [0] * queues
+    for t in prog.tasks:
+        q = t.id % queues
+        w0 = clock[q]
+        rows.append((t.id, q, w0, w0 + 100, w0 + 1100, q))
+        clock[q] = w0 + 1100
+    return rows
+
+
+def test_every_task_is_counted_once_under_its_kind(pd, prog):
+    s = pd.summarise(prog, _rows(prog))
+    kinds = s["kinds"]
+    assert sum(d["n"] for d in kinds.values()) == len(prog.tasks)
+    assert kinds["attention"]["n"] == TINY_LLAMA.n_layers * 2          # 2 a layer
+    assert kinds["wq+RMSNORM"]["run_us"] == pytest.approx(kinds["wq+RMSNORM"]["n"] * 1.0)
+    assert kinds["wq+RMSNORM"]["wait_us"] == pytest.approx(kinds["wq+RMSNORM"]["n"] * 0.1)
+    assert {"embed", "sample_argmax", "lm_head+RMSNORM"} <= set(kinds)
+    per_q = [len([t for t in prog.tasks if t.id % 3 == q]) for q in range(3)]
+    assert s["span_us"] == pytest.approx(max(per_q) * 1.1)
+    assert [s["per_cta"][q]["run"] for q in range(3)] == pytest.approx(per_q)
+
+
+def test_stages_are_per_layer_and_fused_steps_per_op(pd, prog):
+    wq = [t for t in prog.tasks if pd.task_kind(t, prog.buffers) == "wq+RMSNORM"]
+    rows = _rows(prog)
+    wait_end = {r[0]: r[3] for r in rows}
+    steps = {}
+    for t in wq:                                         # norm 0.4 us, then the GEMV 0.6 us
+        ops = [st["op"] for st in t.params["recipe"]["steps"]]
+        steps[t.id] = [(ops[0], wait_end[t.id]), (ops[1], wait_end[t.id] + 400)]
+    s = pd.summarise(prog, rows, steps)
+    d = s["kinds"]["wq+RMSNORM"]
+    assert d["steps"] == pytest.approx({"0:RMSNORM": 0.4 * len(wq), "1:GEMV_TILE": 0.6 * len(wq)})
+    assert pd.steps_line(d) == "steps us/task: 0:RMSNORM 0.40, 1:GEMV_TILE 0.60"
+    layers = {k.split(":")[0] for k in s["stages"]}
+    assert layers == {"-1"} | {str(i) for i in range(TINY_LLAMA.n_layers)}
+    first, last, n = s["stages"]["0:attention"]
+    assert n == 2 and last - first >= 1.0
