@@ -15,7 +15,6 @@ import time
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 err = Console(stderr=True)
 
@@ -76,26 +75,32 @@ def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
 
 
 def cmd_generate(args) -> int:
+    from amk.cli_stream import TextStream
+    from amk.models.prefill import compile_prefill
     with _status(f"loading {args.model}..."):
         model = load_model(args.model, args.max_seq)
     _place(model, args)
     ids = _prompt_ids(model, args.prompt, args.chat)
-    with _status(f"tracing and compiling the decode step ({args.backend or 'default backend'})..."):
+    with _status(f"tracing and compiling the decode step and prefill chunks "
+                 f"({args.backend or 'default backend'})..."):
         model.jit(args.backend).lower(*model.example_args())
-    steps = len(ids) + args.max_new_tokens - 1
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
-    with progress:
-        task = progress.add_task("generating", total=args.max_new_tokens)
-        t0 = time.perf_counter()
-        new = model.generate(ids, args.max_new_tokens, backend=args.backend,
-                             eos_token_id=None if args.ignore_eos else model.tokenizer.eos_token_id,
-                             on_token=lambda i, *_: progress.update(task, completed=i + 1))
-        dt = time.perf_counter() - t0
-    text = model.decode(new)
-    print(text if args.no_prompt else args.prompt + text, flush=True)
-    err.print(f"[dim]{len(new)} new tokens ({len(ids)} prompt); {steps} decode steps in {dt:.2f} s = "
-              f"{steps / dt:.1f} steps/s[/dim]")
+        compile_prefill(model, len(ids), args.backend)
+    # stdout: the prompt (its own line under --chat), then the answer as it streams
+    if args.chat:
+        print(f"user: {args.prompt}\nassistant: ", end="", flush=True)
+    elif not args.no_prompt:
+        print(args.prompt, end="", flush=True)
+    stream = TextStream(model.decode)
+    new = model.generate(ids, args.max_new_tokens, backend=args.backend,
+                         eos_token_id=None if args.ignore_eos else model.tokenizer.eos_token_id,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed, on_token=lambda i, tok, _: stream.add(int(tok[0])))
+    stream.close()
+    s = model.last_stats
+    err.print(f"[dim]{len(new)} new tokens, {s.prompt_tokens} prompt tokens in "
+              f"{len(s.prefill_chunks)} prefill chunks; first token {s.first_token_s * 1e3:.0f} ms "
+              f"(prefill {s.prefill_tokens_per_s:.1f} tokens/s); {s.decode_steps} decode steps in "
+              f"{s.decode_s:.2f} s = {s.decode_tokens_per_s:.1f} tokens/s[/dim]")
     return 0
 
 
@@ -184,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                         help="weight and activation dtype (auto: as loaded, float32 for GGUF)")
 
-    g = sub.add_parser("generate", help="greedy generation through the compiled decode step",
+    g = sub.add_parser("generate", help="generate text: chunked prefill, then the compiled decode step",
                        formatter_class=fmt)
     model_args(g, max_seq=512)
     g.add_argument("--prompt", default="The capital of France is", help="the text to continue")
@@ -192,6 +197,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--no-prompt", action="store_true", help="print only the continuation")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (repeats the text)")
     g.set_defaults(fn=cmd_generate)
 
     i = sub.add_parser("ir", help="dump the graph and every pass's program text", formatter_class=fmt)

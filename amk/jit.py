@@ -203,6 +203,13 @@ class Jitted:
             exe = self._executables[(key, device)] = low.executable(backend, device)
         return low, exe, dict(zip(paths, leaves))
 
+    def sync(self) -> None:
+        """Wait for every step launched so far and raise a fault any of them recorded (cuda
+        steps launch and return; their faults otherwise show at the next call)."""
+        for exe in self._executables.values():
+            if callable(getattr(exe, "check", None)):
+                exe.check()
+
     def __call__(self, *args, **kwargs):
         low, key, leaves, paths, device, backend = self._prepare(args, kwargs)
         low, exe, bindings = self._executable(low, key, leaves, paths, device, backend)

@@ -30,9 +30,18 @@ def make_executable(program: Program, backend: str, device: torch.device, cuda_o
     if backend == "cuda":
         if device.type != "cuda":
             raise BackendUnavailable(f"backend 'cuda' needs CUDA tensors; the arguments are on {device}")
+        from amk.program.positions import block_position_tasks
+        blocks = block_position_tasks(program)
+        if blocks:   # the megakernel reads one position per step (pos[0])
+            raise BackendUnavailable(
+                f"backend 'cuda' runs one position per step; program {program.name!r} reads a "
+                f"block of positions (a prompt chunk) in task {blocks[0].id} {blocks[0].name!r}: "
+                f"run prefill chunks on the triton backend (Model.generate does)")
         from amk.backends.cuda import CudaProgram
         from amk.backends.cuda.options import CudaOptions
-        return CudaProgram(program, device=device, options=cuda_options or CudaOptions())
+        # Asynchronous steps: a fault raises at the next call or at Jitted.sync()
+        return CudaProgram(program, device=device, options=cuda_options or CudaOptions(),
+                           sync_each_run=False)
     if backend == "triton":
         from amk.backends.triton.backend import TritonProgram
         # On a GPU the step is captured once in a CUDA graph and replayed (no per-launch gaps).

@@ -1,7 +1,8 @@
-"""`Model`: a decoder config + its weights + the jitted decode step, and a greedy generate loop.
+"""`Model`: a decoder config + its weights + the jitted decode step, and generate.
 
-The prompt goes through the same one-token decode step as generation (no separate prefill), so
-one compiled program serves the whole run; the KV cache is donated and updated in place.
+The prompt is prefilled in chunks of T tokens by the same step function traced with T rows
+(amk/models/prefill.py); generation is one decode step per token (amk/models/generate.py).
+The KV cache is donated and updated in place.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Model:
         self.hf_config = hf_config
         self.fn = _step_for(config)
         self._steps: dict = {}
+        self.last_stats = None          # GenerationStats of the last generate call
 
     def __repr__(self) -> str:
         c = self.config
@@ -71,6 +73,13 @@ class Model:
                 kw["backend"] = backend
             self._steps[backend] = amk.jit(self.fn, **kw)
         return self._steps[backend]
+
+    def prefill_jit(self, backend: str | None = None):
+        """The jitted step for prompt chunks. The CUDA megakernel runs one position per step,
+        so on the cuda backend (the default on a GPU) chunks run on the triton backend."""
+        from amk import knobs
+        resolved = backend or knobs.backend() or ("cuda" if self.device.type == "cuda" else None)
+        return self.jit("triton" if resolved == "cuda" else backend)
 
     @property
     def step(self):
@@ -132,51 +141,25 @@ class Model:
 
     def generate(self, input_ids, max_new_tokens: int = 32, backend: str | None = None,
                  on_token: Callable | None = None, eos_token_id: int | None = None,
-                 return_logits: bool = False):
-        """Greedy decoding. input_ids: [T] / [B, T] ids (all B prompts of one length) or a string.
+                 return_logits: bool = False, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None,
+                 chunk_sizes: tuple[int, ...] | None = None):
+        """Decode after a chunked prefill. input_ids: [T] / [B, T] ids (all B prompts of one
+        length) or a string. Greedy (exact argmax) unless temperature > 0: then sampled with
+        top_k / top_p, reproducibly for a seed (amk/models/sampling.py).
 
         Returns the new token ids: a list[int] for one sequence, list[list[int]] for a batch; with
         return_logits=True also the logits of every generated position ([B, V] per step).
         on_token(step, ids, logits) is called after each new token (ids int32 [B]).
-        Stops early when every sequence has produced eos_token_id.
+        Stops early when every sequence has produced eos_token_id. What ran (prefill chunks,
+        decode steps, times) is in self.last_stats afterwards.
         """
-        ids = self._prompt_ids(input_ids)
-        batch, t_prompt = ids.shape
-        if max_new_tokens < 0:
-            raise TraceError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-        # the last new token is sampled, never fed back: positions 0 .. T + new - 2 are cached
-        if t_prompt + max_new_tokens - 1 > self.config.max_seq:
-            raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens needs "
-                             f"{t_prompt + max_new_tokens - 1} cache rows, more than max_seq "
-                             f"{self.config.max_seq}; build the model with a larger max_seq")
-        step = self.jit(backend)
-        kv = self.new_kv(batch)
-        ids = ids.t().contiguous().to(self.device)  # [T, B]: each position's tokens contiguous
-        pos = torch.zeros(1, dtype=torch.int32, device=self.device)
-        out: list[torch.Tensor] = []
-        all_logits: list[torch.Tensor] = []
-        done = torch.zeros(batch, dtype=torch.bool)
-        token = ids[0]
-        for p in range(t_prompt + max_new_tokens - 1):
-            pos.fill_(p)
-            next_ids, logits, kv = step(self.params, token, pos, kv)
-            if p + 1 < t_prompt:  # still reading the prompt
-                token = ids[p + 1]
-                continue
-            next_ids = next_ids.to(torch.int32).reshape(batch)
-            out.append(next_ids.cpu())
-            if return_logits:
-                all_logits.append(logits.detach().reshape(batch, -1).float().cpu().clone())
-            if on_token is not None:
-                on_token(len(out) - 1, next_ids, logits)
-            if eos_token_id is not None:
-                done |= out[-1] == eos_token_id
-                if bool(done.all()):
-                    break
-            token = next_ids
-        new = torch.stack(out, dim=1).tolist() if out else [[] for _ in range(batch)]
-        result = new[0] if batch == 1 else new
-        return (result, all_logits) if return_logits else result
+        from amk.models.generate import generate
+        from amk.models.prefill import CHUNK_SIZES
+        from amk.models.sampling import SamplingOptions
+        sampling = SamplingOptions(temperature, top_k, top_p, seed)
+        return generate(self, self._prompt_ids(input_ids), max_new_tokens, backend, on_token,
+                        eos_token_id, return_logits, sampling, chunk_sizes or CHUNK_SIZES)
 
     def decode(self, ids) -> str:
         if self.tokenizer is None:

@@ -1,7 +1,9 @@
 """amk.ops: the functional op API a decode step is written with.
 
 Activations are [B, features] (B = 1 for batch-1 decode); token ids are int32 [B]; the decode
-position is an int32 [1] tensor (a runtime value, one for the whole batch). Ops are traced
+position is an int32 [1] tensor (a runtime value, one for the whole batch). A prompt block is
+the same step with T rows of one sequence and positions int32 [T] (row t at pos[t]): rope,
+kv_update and attention (causal) then treat each row at its own position. Ops are traced
 inside `amk.jit`; each checks its arguments and records one graph equation.
 """
 from __future__ import annotations
@@ -109,7 +111,8 @@ def rope(x, pos, head_dim: int, theta: float = 10000.0, inv_freq=None):
 
 def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, head_dim: int,
               scale: float | None = None, window: int | None = None, softcap: float | None = None):
-    """Decode attention of q [B, n_heads*head_dim] over cache rows 0..pos (inclusive).
+    """Decode attention of q [B, n_heads*head_dim] over cache rows 0..pos (inclusive); with pos
+    [T] (a prompt block) row t attends to cache rows 0..pos[t].
 
     window: a sliding window, only the last `window` rows (pos-window, pos] (Mistral, Gemma's
     local layers). softcap: the scores become softcap * tanh(scores / softcap) before the
@@ -133,8 +136,8 @@ def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, head_dim:
 
 
 def kv_update(cache, new, pos):
-    """Write new [B, n_kv*head_dim] into cache row pos; returns the updated cache. In place when
-    the cache argument is donated (amk.jit(..., donate=("kv",)))."""
+    """Write new [B, n_kv*head_dim] into cache row pos (row t into pos[t] for pos [T]); returns
+    the updated cache. In place when the cache argument is donated (amk.jit(..., donate=("kv",)))."""
     c, ctx, (ct, nt, pt) = _args("kv_update", [("cache", cache), ("new", new), ("pos", pos)])
     aval = rules.kv_update(c, ct.aval, nt.aval, pt.aval)
     return _bind(ctx, c, "kv_update", [ct, nt, pt], {}, aval)

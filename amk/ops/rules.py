@@ -41,10 +41,20 @@ class Checker:
         if a.dtype != b.dtype:
             self.fail(names[1], f"dtype {b.dtype.short} does not match '{names[0]}' dtype {a.dtype.short}")
 
-    def pos(self, a: Aval) -> None:
+    def pos(self, a: Aval, rows: int | None = None, cache: Aval | None = None) -> None:
+        """pos is int32 [1] (every row at one position: decode, also batched) or int32 [T], one
+        position per row of a T-token block of one sequence (prefill: rank-3 cache)."""
         self.dtype("pos", a, DType.I32)
-        if a.shape != (1,):
-            self.fail("pos", f"must be int32 of shape [1] (one decode position), got {list(a.shape)}")
+        if a.shape == (1,):
+            return
+        block = rows is not None and rows > 1 and a.shape == (rows,)
+        if block and cache is not None and len(cache.shape) != 3:
+            self.fail("pos", f"of shape {list(a.shape)} (one position per row of a prompt block) "
+                             f"needs a single-sequence cache [max_seq, n_kv, head_dim], got "
+                             f"{list(cache.shape)}")
+        if not block:
+            self.fail("pos", f"must be int32 of shape [1] (one decode position) or [{rows}] (one "
+                             f"position per row of x), got {list(a.shape)}")
 
     def activation(self, arg: str, a: Aval) -> None:
         self.rank(arg, a, 2)
@@ -114,7 +124,7 @@ def qlinear(c: Checker, x: Aval, q: Aval, scales: Aval, zeros: Aval | None,
 
 def rope(c: Checker, x: Aval, pos: Aval, inv_freq: Aval | None, head_dim: int) -> Aval:
     c.activation("x", x)
-    c.pos(pos)
+    c.pos(pos, x.shape[0])
     if head_dim <= 0 or head_dim % 2 or x.shape[-1] % head_dim:
         c.fail("head_dim", f"{head_dim} must be even and divide x's last dim {x.shape[-1]}")
     if inv_freq is not None:
@@ -124,10 +134,11 @@ def rope(c: Checker, x: Aval, pos: Aval, inv_freq: Aval | None, head_dim: int) -
     return x
 
 
-def _cache(c: Checker, name: str, cache: Aval, batch: int, n_kv: int, hd: int) -> None:
+def _cache(c: Checker, name: str, cache: Aval, batch: int, n_kv: int, hd: int,
+           block: bool = False) -> None:
     c.floating(name, cache)
     want = (n_kv, hd)
-    if len(cache.shape) == 3 and batch == 1 and tuple(cache.shape[1:]) == want:
+    if len(cache.shape) == 3 and (batch == 1 or block) and tuple(cache.shape[1:]) == want:
         return
     if len(cache.shape) == 4 and cache.shape[0] == batch and tuple(cache.shape[2:]) == want:
         return
@@ -138,12 +149,12 @@ def _cache(c: Checker, name: str, cache: Aval, batch: int, n_kv: int, hd: int) -
 def attention(c: Checker, q: Aval, k: Aval, v: Aval, pos: Aval,
               n_heads: int, n_kv_heads: int, head_dim: int) -> Aval:
     c.activation("q", q)
-    c.pos(pos)
+    c.pos(pos, q.shape[0], k)
     if n_kv_heads <= 0 or n_heads % n_kv_heads:
         c.fail("n_kv_heads", f"{n_kv_heads} must divide n_heads {n_heads}")
     if q.shape[1] != n_heads * head_dim:
         c.fail("q", f"last dim {q.shape[1]} != n_heads*head_dim = {n_heads}*{head_dim}")
-    _cache(c, "k_cache", k, q.shape[0], n_kv_heads, head_dim)
+    _cache(c, "k_cache", k, q.shape[0], n_kv_heads, head_dim, block=pos.shape[0] > 1)
     c.same_shape(("k_cache", "v_cache"), k, v)
     c.same_dtype(("k_cache", "v_cache"), k, v)
     return q
@@ -151,11 +162,12 @@ def attention(c: Checker, q: Aval, k: Aval, v: Aval, pos: Aval,
 
 def kv_update(c: Checker, cache: Aval, new: Aval, pos: Aval) -> Aval:
     c.activation("new", new)
-    c.pos(pos)
+    c.pos(pos, new.shape[0], cache)
     c.floating("cache", cache)
     b = new.shape[0]
     row = cache.shape[-2] * cache.shape[-1] if len(cache.shape) >= 3 else -1
-    ok = (len(cache.shape) == 3 and b == 1) or (len(cache.shape) == 4 and cache.shape[0] == b)
+    block = pos.shape[0] > 1             # row t of new goes to cache row pos[t]
+    ok = (len(cache.shape) == 3 and (b == 1 or block)) or (len(cache.shape) == 4 and cache.shape[0] == b)
     if not ok or row != new.shape[1]:
         c.fail("new", f"shape {list(new.shape)} does not fit cache {list(cache.shape)}: want "
                       f"[B, n_kv*head_dim] with cache [max_seq, n_kv, head_dim] (B=1) or "

@@ -65,7 +65,7 @@ def test_cli_generate_prints_only_the_text_on_stdout(smol, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert rc == 0
     assert out.startswith(PROMPT + " Paris")   # the text only: no progress, no timings
-    assert "steps/s" in err and "steps/s" not in out
+    assert "tokens/s" in err and "tokens/s" not in out
 
 
 def test_a_cached_gguf_load_skips_transformers_and_gives_the_same_tokens(smol, amk_greedy, tmp_path,

@@ -22,6 +22,7 @@ from amk.backends.cuda.codegen import render_lowered
 from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
+from amk.backends.cuda.fault_mirror import FaultMirror
 from amk.backends.cuda.lowered_cache import lower_program_cached
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.steps import REF_BUFFER
@@ -44,7 +45,8 @@ def _dev_tensor(a: np.ndarray, device) -> torch.Tensor:
 
 class CudaProgram:
     def __init__(self, program: Program, device=None, *, validate: bool = True,
-                 arch: str | None = None, options: CudaOptions = CudaOptions()):
+                 arch: str | None = None, options: CudaOptions = CudaOptions(),
+                 sync_each_run: bool = True):
         if not torch.cuda.is_available():
             raise BackendUnavailable("CudaProgram needs a CUDA GPU; use backend='reference'")
         self.program = program
@@ -58,6 +60,9 @@ class CudaProgram:
                                       + res.report(), res)
         self.options = options
         self.timings: dict[str, float] = {}
+        # False: run() launches and returns; a fault shows at the next run() or check()
+        # (fault_mirror.py). amk.jit's steps run this way; True keeps run() = launch + check.
+        self.sync_each_run = sync_each_run
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.nthreads, smem = NTHREADS, SMEM_BYTES
         t0 = time.perf_counter()
@@ -96,6 +101,7 @@ class CudaProgram:
         self.counter_init = init.to(torch.int32)
         self.counters = self.counter_init.to(dev)
         self.state = torch.zeros(abi.STATE_DTYPE.itemsize // 4, dtype=torch.int32, device=dev)
+        self.fault_mirror = FaultMirror(self.state)
         errs = np.full(max(self.grid, 1), -1, dtype=np.int64).astype(np.int32)
         self._errs_init = np.zeros(max(self.grid, 1), dtype=abi.ERR_DTYPE)
         self._errs_init["task"] = errs
@@ -183,6 +189,7 @@ class CudaProgram:
         self.counters.copy_(self.counter_init)
         self.state.zero_()
         self.errs.copy_(torch.from_numpy(self._errs_init.view(np.uint8).copy()))
+        self.fault_mirror.clear()
         self._poisoned = False
 
     def launch(self) -> None:
@@ -190,14 +197,22 @@ class CudaProgram:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernel.launch(self.grid, self.nthreads, stream, self._args)
 
-    def run(self, bindings: Mapping[str, torch.Tensor], check: bool = True) -> list[torch.Tensor]:
+    def run(self, bindings: Mapping[str, torch.Tensor], check: bool | None = None) -> list[torch.Tensor]:
+        """One step. check (default: sync_each_run) synchronises and raises this step's fault;
+        without it the step is launched and the call returns at once, an earlier step's fault
+        raising here first (seen in the pinned mirror, then reported by check())."""
+        check = self.sync_each_run if check is None else check
         with torch.cuda.device(self.device):
             if self._poisoned:
                 self.reset()
+            elif self.fault_mirror.faulted():
+                self.check()                 # an earlier asynchronous step faulted: raise it
             self._bind(bindings)
             self.launch()
             if check:
                 self.check()
+            else:
+                self.fault_mirror.after_launch()
             return self._outputs()
 
     def check(self) -> None:

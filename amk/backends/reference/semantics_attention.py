@@ -61,47 +61,73 @@ def attention_tile(inputs, outputs, params, ctx):
     k = _cache_view(inputs[1], n_kv, hd)
     v = _cache_view(inputs[2], n_kv, hd)
     B, max_seq = k.shape[0], k.shape[1]
-    q = q_in.reshape(B, n_heads, hd)
+    R = q_in.numel() // (n_heads * hd)          # query rows: B sequences, or a T-token block
+    q = q_in.reshape(R, n_heads, hd)
     h_off, hc = _head_range(params, n_heads, rep)
     g0, g1 = h_off // rep, (h_off + hc) // rep
     scale = float(params.get("scale", 1.0 / hd ** 0.5))
+    pos = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+    block = pos is not None and pos.numel() > 1   # ext: row r is at position pos[r], one cache
+    if block and (B != 1 or pos.numel() != R):
+        raise ValidationError(f"attention: a block of {R} query rows with {pos.numel()} positions "
+                              f"needs one position per row and a single-sequence cache, got a "
+                              f"cache of {B} sequences")
 
     kv_start = int(params.get("kv_start", 0))
-    pos = host_int(inputs[3], ctx) if len(inputs) > 3 and inputs[3] is not None else None
-    lo, hi = kv_window(kv_start, int(params.get("kv_len", max_seq - kv_start)), max_seq, pos,
-                       int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)),
-                       int(params.get("window", 0)))
+    window = (kv_start, int(params.get("kv_len", max_seq - kv_start)), max_seq)
+    shard = (int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)))
+    sliding = int(params.get("window", 0))                            # ext: a sliding window
+    if block:        # each row its own live window (its shard of it): rows <= pos[r]
+        rows = [kv_window(*window, int(p), *shard, sliding) for p in pos.reshape(-1).tolist()]
+        row_lo = torch.tensor([a for a, _ in rows], device=q_in.device)
+        row_hi = torch.tensor([b for _, b in rows], device=q_in.device)
+        lo, hi = int(row_lo.min()), max(int(row_lo.min()), int(row_hi.max()))
+    else:
+        lo, hi = kv_window(*window, host_int(pos, ctx) if pos is not None else None, *shard, sliding)
 
-    qg = f32(q[:, h_off:h_off + hc]).reshape(B, g1 - g0, rep, hd)     # [B, G, rep, hd]
+    qg = f32(q[:, h_off:h_off + hc]).reshape(R, g1 - g0, rep, hd)     # [R, G, rep, hd]
     kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
     vw = f32(v[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)
     if int(params.get("flags", 0)) & NEW_KV:
-        p = host_int(inputs[3], ctx)
+        if block:
+            raise ValidationError("attention: flags NEW_KV (one new row per sequence) does not "
+                                  "apply to a block of positions; append the block first")
+        p = host_int(pos, ctx)
         if lo <= p < hi:                                              # the new row is in the window
             for w, new, cache in ((kw, inputs[4], k), (vw, inputs[5], v)):
                 row = new.reshape(B, n_kv, hd).to(cache.dtype)[:, g0:g1]
                 w[:, :, p - lo] = f32(row)
-    scores = (qg @ kw.transpose(-1, -2)) * scale                      # [B, G, rep, L]
+    scores = (qg @ kw.transpose(-1, -2)) * scale                      # [R, G, rep, L]
     cap = float(params.get("softcap", 0.0))
     if cap > 0:                                                       # ext: Gemma 2's soft-cap
         scores = torch.tanh(scores / cap) * cap
+    empty = None
+    if block:                                  # causal: row r sees only its own window
+        keys = torch.arange(lo, hi, device=scores.device)
+        outside = (keys[None, :] < row_lo[:, None]) | (keys[None, :] >= row_hi[:, None])
+        scores = scores.masked_fill(outside[:, None, None, :], float("-inf"))
+        empty = row_hi <= row_lo               # rows whose window is empty: [R]
 
     out = outputs[0]
     if int(params.get("flags", 0)) & PARTIAL_WRITE:
-        ob = out.view(B, n_heads, hd + 2)[:, h_off:h_off + hc]
+        ob = out.view(R, n_heads, hd + 2)[:, h_off:h_off + hc]
         if hi == lo:
             ob[..., :hd] = 0
             ob[..., hd] = float("-inf")
             ob[..., hd + 1] = 0
             return
-        m = scores.amax(dim=-1)                                       # [B, G, rep]
-        e = torch.exp(scores - m[..., None])
-        ob[..., :hd] = (e @ vw).reshape(B, hc, hd).to(ob.dtype)
-        ob[..., hd] = m.reshape(B, hc).to(ob.dtype)
-        ob[..., hd + 1] = e.sum(dim=-1).reshape(B, hc).to(ob.dtype)
+        m = scores.amax(dim=-1)                                       # [R, G, rep]
+        if empty is not None:                  # exp(-inf - -inf) would be nan: use m = 0 there
+            m_safe = torch.where(empty[:, None, None], torch.zeros_like(m), m)
+        else:
+            m_safe = m
+        e = torch.exp(scores - m_safe[..., None])
+        ob[..., :hd] = (e @ vw).reshape(R, hc, hd).to(ob.dtype)
+        ob[..., hd] = m.reshape(R, hc).to(ob.dtype)
+        ob[..., hd + 1] = e.sum(dim=-1).reshape(R, hc).to(ob.dtype)
         return
-    o = torch.softmax(scores, dim=-1) @ vw                            # [B, G, rep, hd]
-    out.view(B, n_heads, hd)[:, h_off:h_off + hc] = o.reshape(B, hc, hd).to(out.dtype)
+    o = torch.softmax(scores, dim=-1) @ vw                            # [R, G, rep, hd]
+    out.view(R, n_heads, hd)[:, h_off:h_off + hc] = o.reshape(R, hc, hd).to(out.dtype)
 
 
 def attention_combine(inputs, outputs, params, ctx):
@@ -165,8 +191,12 @@ def rope(inputs, outputs, params, ctx):
 
 def kv_append(inputs, outputs, params, ctx):
     """cache[pos : pos+n] = new, in place (outputs[0] IS the cache); inputs = [new, pos].
-    A rank-4 cache [B, max_seq, ...] gets row pos of every sequence."""
+    A rank-4 cache [B, max_seq, ...] gets row pos of every sequence. A pos of n > 1 elements
+    (ext: a prompt block) puts row t of new at cache row pos[t]."""
     cache = outputs[0]
+    if "pos" not in params and inputs[1].numel() > 1:
+        _kv_append_block(inputs[0], inputs[1], cache)
+        return
     p = int(params["pos"]) if "pos" in params else host_int(inputs[1], ctx)
     new = inputs[0]
     if cache.dim() == 4:
@@ -182,3 +212,17 @@ def kv_append(inputs, outputs, params, ctx):
         cache[:, p:p + n] = rows.to(cache.dtype)
     else:
         cache[p:p + n] = rows.to(cache.dtype)
+
+
+def _kv_append_block(new: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor) -> None:
+    """cache[pos[t]] = new[t] for a single-sequence cache [max_seq, ...]."""
+    idx = pos.reshape(-1).to(torch.long)
+    rows = new.reshape(idx.numel(), *cache.shape[1:])
+    if cache.dim() == 4:
+        raise TraceError(f"KV_APPEND: a block of {idx.numel()} positions needs a single-sequence "
+                         f"cache [max_seq, ...], got {tuple(cache.shape)}")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= cache.shape[0]:
+        raise TraceError(f"KV_APPEND: block positions {lo}..{hi} are outside the cache's "
+                         f"{cache.shape[0]} rows; use a larger max_seq or a shorter prompt")
+    cache.index_copy_(0, idx, rows.to(cache.dtype))

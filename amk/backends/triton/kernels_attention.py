@@ -19,7 +19,7 @@ from amk.backends.triton.kernels_elementwise import tanh_f32
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
                      head_dim, n_heads, rep, max_seq, kv_start, kv_end, g_off, scale,
                      window, softcap, stride_cb, stride_cs, split_len, stride_split, kv_shard,
-                     kv_shards,
+                     kv_shards, pos_step,
                      HAS_POS: tl.constexpr, PARTIAL: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (kv groups, B, splits). Online softmax over BLOCK_N cache rows at a time, fp32
@@ -27,14 +27,17 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
     writes at o_ptr + s*stride_split (one split: the whole window). PARTIAL writes
     ``[acc | m | l]`` per head (row width head_dim+2); an empty window leaves acc=0, m=-inf,
     l=0. Otherwise writes acc / l (0 for an empty window). window > 0: only rows
-    (pos - window, pos] (a sliding window); softcap > 0: scores -> softcap tanh(s / softcap)."""
+    (pos - window, pos] (a sliding window); softcap > 0: scores -> softcap tanh(s / softcap).
+    A prompt block (pos_step 1, cache batch stride 0): program b is query row b at position
+    pos[b] over the one cache, so the window ends at pos[b] (causal); decode has pos_step 0
+    (one position for every row)."""
     g = g_off + tl.program_id(0)
     b = tl.program_id(1)
     sid = tl.program_id(2)
     o_ptr = o_ptr + sid * stride_split
     hi = tl.minimum(kv_end, max_seq)               # the live window (regions.kv_window) ...
     if HAS_POS:
-        p_now = tl.load(pos_ptr).to(tl.int32)
+        p_now = tl.load(pos_ptr + b * pos_step).to(tl.int32)
         hi = tl.minimum(hi, p_now + 1)
         if window > 0:
             kv_start = tl.maximum(kv_start, p_now + 1 - window)

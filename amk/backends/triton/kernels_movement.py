@@ -63,7 +63,7 @@ def argmax_kernel(x_ptr, y_ptr, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def kv_append_kernel(new_ptr, pos_ptr, cache_ptr, pos_value, D, n, max_seq,
+def kv_append_kernel(new_ptr, pos_ptr, cache_ptr, pos_value, D, n, max_seq, pos_step,
                      HAS_POS: tl.constexpr, BLOCK: tl.constexpr):
     """cache[b, pos + j, :] = new[b, j, :] for the n new rows of each of B sequences (rows of D
     elements). Grid (col blocks, B*n). Rows past max_seq are not written (the host cannot check
@@ -71,12 +71,12 @@ def kv_append_kernel(new_ptr, pos_ptr, cache_ptr, pos_value, D, n, max_seq,
     r = tl.program_id(1)
     b = r // n
     j = r % n
-    if HAS_POS:
-        pos = tl.load(pos_ptr).to(tl.int32)
+    if HAS_POS:   # pos_step 1: a prompt block, row j at pos[j]; 0: rows from pos[0] on
+        pos = tl.load(pos_ptr + j * pos_step).to(tl.int32) + j * (1 - pos_step)
     else:
-        pos = pos_value
+        pos = pos_value + j
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    dst_row = tl.zeros([BLOCK], dtype=tl.int32) + pos + j       # a vector: one mask dtype
+    dst_row = tl.zeros([BLOCK], dtype=tl.int32) + pos           # a vector: one mask dtype
     mask = (cols < D) & (dst_row < max_seq) & (dst_row >= 0)
     x = tl.load(new_ptr + r * D + cols, mask=mask, other=0.0)
     dst = cache_ptr + (b * max_seq + dst_row).to(tl.int64) * D + cols

@@ -23,6 +23,7 @@ from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE fla
 
 from amk.backends.triton import kernels_attention as ka
 from amk.backends.triton import kernels_elementwise as ke
+from amk.backends.triton import kernels_gemm as kgm
 from amk.backends.triton import kernels_gemv as kg
 from amk.backends.triton import kernels_movement as km
 
@@ -179,6 +180,9 @@ def _matmul_tile(inputs, outputs, params):
                               f"output's {N} columns or the weight's {w.shape[0]} rows")
     if n_tile == 0 or M == 0:
         return
+    if mode == kg.W_FP and M >= GEMM_MIN_ROWS:          # a prompt block: tensor-core GEMM
+        _gemm(x, w, bias, out, M, Kp, n_off, n_tile)
+        return
     block_k = 128 if (mode == kg.W_FP and w.element_size() >= 4) else 256
     block_k = _pow2(Kp, hi=block_k)
     # 16-byte loads (8 bf16 per lane, 128 lanes over BLOCK_N x BLOCK_K) and enough programs
@@ -210,6 +214,21 @@ def _dequant(inputs, outputs, params):
                             int(params.get("group", Kp)), n_groups,
                             MODE=mode, HAS_ZEROS=z is not None,
                             BLOCK_N=bn, BLOCK_K=bk)
+
+
+GEMM_MIN_ROWS = 16     # tl.dot's smallest M; fewer rows (decode, small batches) take the GEMV
+
+
+def _gemm(x, w, bias, out, M, K, n_off, n_tile):
+    # fp32 operands on the CPU interpreter (its bf16 dot is wrong) and for fp32 weights
+    upcast = x.device.type != "cuda" or w.element_size() >= 4 or x.element_size() >= 4
+    bm = 64 if M >= 64 else 16
+    bn, bk = 64, _pow2(K, lo=16, hi=32 if upcast else 64)
+    grid = (triton.cdiv(M, bm), triton.cdiv(n_tile, bn))
+    kgm.gemm_kernel[grid](x, w, bias if bias is not None else w, out, M, K, n_off,
+                          n_off + n_tile, _cols(x), _cols(w), _cols(out),
+                          HAS_BIAS=bias is not None, UPCAST=upcast,
+                          BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,7 +268,15 @@ def _attention_tile(inputs, outputs, params):
     rep = n_heads // n_kv
     k, v = inputs[1], inputs[2]
     B, max_seq = _cache_dims(k, n_kv, hd)
-    if _cache_dims(v, n_kv, hd) != (B, max_seq) or q.numel() != B * n_heads * hd:
+    pos = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+    block = pos is not None and pos.numel() > 1     # a prompt block: row r at pos[r], one cache
+    if block and (k.dim() == 4 or pos.numel() * n_heads * hd != q.numel()):
+        raise ValidationError(f"attention: a block of {pos.numel()} positions needs one per "
+                              f"query row and a single-sequence cache; q {tuple(q.shape)}, k "
+                              f"{tuple(k.shape)}")
+    if block:
+        B = pos.numel()                 # one program row per query row, cache stride 0
+    if _cache_dims(v, n_kv, hd)[1] != max_seq or q.numel() != B * n_heads * hd:
         raise ValidationError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
                               f"{tuple(v.shape)} do not agree on B, n_heads={n_heads}, "
                               f"n_kv_heads={n_kv}, head_dim={hd}")
@@ -258,7 +285,6 @@ def _attention_tile(inputs, outputs, params):
         return
     lo = int(params.get("kv_start", 0))
     kv_end = lo + int(params.get("kv_len", max_seq - lo))
-    pos = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
     partial = bool(int(params.get("flags", 0)) & PARTIAL_WRITE)
     out = _dense(outputs[0], "attention output")
     want = B * n_heads * (hd + 2 if partial else hd)
@@ -279,7 +305,7 @@ def _attention_tile(inputs, outputs, params):
         float(params.get("softcap", 0.0)),
         max_seq * row if k.dim() == 4 else 0, row,
         SPLIT_ROWS if splits > 1 else max(kv_end - lo, 1), target.stride(0) if splits > 1 else 0,
-        int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)),
+        int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)), 1 if block else 0,
         HAS_POS=pos is not None, PARTIAL=partial or splits > 1,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d)
     if splits > 1:
@@ -388,8 +414,13 @@ def _kv_append(inputs, outputs, params):
     has_pos = "pos" not in params
     pos = inputs[1] if has_pos else new
     block = _pow2(D, hi=1024)
+    pos_step = 1 if has_pos and pos.numel() > 1 else 0     # a prompt block: row j at pos[j]
+    if pos_step and (B != 1 or pos.numel() != n):
+        raise ValidationError(f"KV_APPEND: a block of {pos.numel()} positions needs one per new "
+                              f"row ({n}) and a single-sequence cache, got {tuple(cache.shape)}")
     km.kv_append_kernel[(triton.cdiv(D, block), B * n)](
-        new, pos, cache, int(params.get("pos", 0)), D, n, max_seq, HAS_POS=has_pos, BLOCK=block)
+        new, pos, cache, int(params.get("pos", 0)), D, n, max_seq, pos_step, HAS_POS=has_pos,
+        BLOCK=block)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""Prefill: a prompt goes through the model's step in blocks of T tokens, not one token a step.
+
+The block is the decode step itself, traced with T rows: token ids int32 [T] and positions int32
+[T] (row t at position pos[t]); rope, kv_update and attention then treat each row at its own
+position, attention causal over the cache (docs/PROGRAM.md). Each block size is one compiled
+program, so a prompt is cut into chunks of a few fixed sizes (`CHUNK_SIZES`): full chunks of the
+largest, then of smaller sizes, and the last few tokens (fewer than the smallest size) as one
+chunk of the smallest size, padded. Padding rows sit at
+positions past the prompt: causal attention keeps them out of every real row, and the decode
+steps that follow overwrite their cache rows before anything reads them (a decode step at pos p
+writes row p and reads rows <= p).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from amk.errors import TraceError
+
+CHUNK_SIZES = (128, 16)      # compiled block sizes; 1 (the decode step) is always available
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start: int     # position of the chunk's first row
+    size: int      # rows of the program that runs it (its compiled block size)
+    tokens: int    # real prompt tokens in it (the rest is padding)
+
+
+def plan_chunks(n_tokens: int, start: int, max_seq: int,
+                sizes: tuple[int, ...] = CHUNK_SIZES) -> list[Chunk]:
+    """Chunks covering prompt positions [start, start + n_tokens), padded rows inside max_seq."""
+    if any(int(s) < 1 for s in sizes):
+        raise TraceError(f"prefill: chunk sizes must be positive, got {sizes}")
+    sizes = tuple(sorted({int(s) for s in sizes} | {1}, reverse=True))
+    if n_tokens < 0 or start < 0 or start + n_tokens > max_seq:
+        raise TraceError(f"prefill: positions {start}..{start + n_tokens} do not fit the cache's "
+                         f"{max_seq} rows; build the model with a larger max_seq")
+    chunks, pos, left = [], start, n_tokens
+    smallest = min(s for s in sizes if s > 1) if len(sizes) > 1 else 1
+    while left > 0:
+        size = real = next(s for s in sizes if s <= left)     # unpadded while a size fits
+        if left < smallest and pos + smallest <= max_seq:     # the last few: one padded chunk
+            size, real = smallest, left
+        chunks.append(Chunk(pos, size, real))
+        pos += real
+        left -= real
+    return chunks
+
+
+def prefill(model, ids: torch.Tensor, kv: list, backend: str | None = None,
+            sizes: tuple[int, ...] = CHUNK_SIZES, on_chunk=None) -> torch.Tensor:
+    """Run the prompt ids [T] (one sequence) through the model in chunks, writing its K/V into
+    kv (single-sequence caches [max_seq, ...], updated in place). Returns the logits [V] of the
+    last prompt token. on_chunk(chunk) is called after each chunk ran."""
+    ids = ids.reshape(-1).to(device=model.device, dtype=torch.int32)
+    step = model.prefill_jit(backend)
+    logits = None
+    for c in plan_chunks(ids.numel(), 0, model.config.max_seq, sizes):
+        params, tok, pos, _ = chunk_args(model, c, kv)   # size 1: the decode step's signature
+        tok[:c.tokens] = ids[c.start:c.start + c.tokens]
+        _, out_logits, kv = step(params, tok, pos, kv)
+        logits = out_logits.reshape(c.size, -1)[c.tokens - 1]
+        if on_chunk is not None:
+            on_chunk(c)
+    return logits
+
+
+def chunk_args(model, chunk: Chunk, kv: list):
+    """(params, token ids, positions, kv) of a chunk's program, for lowering it ahead of time."""
+    tok = torch.zeros(chunk.size, dtype=torch.int32, device=model.device)
+    if chunk.size == 1:
+        pos = torch.full((1,), chunk.start, dtype=torch.int32, device=model.device)
+    else:
+        pos = torch.arange(chunk.start, chunk.start + chunk.size, dtype=torch.int32,
+                           device=model.device)
+    return model.params, tok, pos, kv
+
+
+def compile_prefill(model, n_tokens: int, backend: str | None = None,
+                    sizes: tuple[int, ...] = CHUNK_SIZES) -> list[int]:
+    """Trace and compile the chunk programs a prompt of n_tokens needs (so the first token's
+    time is not compile time); returns their block sizes."""
+    step = model.prefill_jit(backend)
+    kv = model.new_kv()
+    done = []
+    for c in plan_chunks(n_tokens, 0, model.config.max_seq, sizes):
+        if c.size not in done:
+            step.lower(*chunk_args(model, c, kv))
+            done.append(c.size)
+    return done

@@ -1,0 +1,64 @@
+"""Prompt blocks (pos int32 [T], row t at pos[t]) on the triton backend, on the CPU under
+TRITON_INTERPRET=1: the chunk programs of a tiny Llama give the reference backend's logits and
+cache rows, the second chunk attending causally over the first chunk's cache rows."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CUDA present: tests/gpu/test_prefill_gpu.py covers this", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"          # before triton decorates any kernel
+pytest.importorskip("triton")
+transformers = pytest.importorskip("transformers")
+for _m in [f"amk.backends.triton.kernels_{m}" for m in ("elementwise", "gemv", "gemm", "attention", "movement")]:
+    if _m in sys.modules:                     # imported earlier without the interpreter: redo
+        importlib.reload(sys.modules[_m])
+
+from amk.models import from_hf  # noqa: E402
+from tests.models.test_prefill import TINY  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+
+
+def test_two_prompt_chunks_on_triton_equal_the_reference():
+    torch.manual_seed(3)     # one layer, small: the interpreter runs every program in numpy
+    cfg = transformers.LlamaConfig(**{**TINY, "num_hidden_layers": 1, "hidden_size": 32,
+                                      "intermediate_size": 48, "head_dim": 8})
+    model = from_hf(transformers.AutoModelForCausalLM.from_config(cfg).eval(), max_seq=16)
+    ids = torch.randint(0, 96, (7,), generator=torch.Generator().manual_seed(2)).to(torch.int32)
+    results = {}
+    for backend in ("reference", "triton"):
+        step = model.jit(backend)
+        kv = model.new_kv()
+        logits = []
+        for start, n in ((0, 4), (4, 3)):     # (16+ rows take the GEMM kernel: tested below)
+            pos = torch.arange(start, start + n, dtype=torch.int32)
+            _, lg, kv = step(model.params, ids[start:start + n].clone(), pos, kv)
+            logits.append(lg.clone())
+        results[backend] = (torch.cat(logits), kv)
+    (ref, ref_kv), (got, got_kv) = results["reference"], results["triton"]
+    torch.testing.assert_close(got, ref, atol=2e-4, rtol=1e-4)
+    for a, b in zip(got_kv, ref_kv):
+        torch.testing.assert_close(a["k"], b["k"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a["v"], b["v"], atol=1e-5, rtol=1e-5)
+    assert got.argmax(-1).tolist() == ref.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemm_tile_kernel_matches_torch(bias):
+    from amk.backends.triton.launch import launch_op
+    from amk.program.ir import InstructionKind as K
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(20, 40, generator=g), torch.randn(70, 40, generator=g)
+    b = torch.randn(70, generator=g)
+    out = torch.full((20, 70), float("nan"))
+    ins = [x, w, b] if bias else [x, w]
+    launch_op(K.GEMM_TILE, ins, [out], {"n_off": 8, "N_tile": 50, "K": 40})
+    want = x @ w[8:58].T + (b[8:58] if bias else 0)
+    torch.testing.assert_close(out[:, 8:58], want, atol=1e-4, rtol=1e-4)
+    assert out[:, :8].isnan().all() and out[:, 58:].isnan().all()     # other columns untouched

@@ -1,0 +1,85 @@
+"""On a GPU: generate with a chunked prefill (prompt chunks on the triton backend, decode on the
+megakernel) gives transformers' greedy tokens after a 256-token prompt; seeded sampling repeats;
+asynchronous megakernel steps raise a fault at the next call, naming the task."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+transformers = pytest.importorskip("transformers")
+
+from amk.errors import DeadlockError, TraceError  # noqa: E402
+
+VOCAB = 96
+
+
+def _tiny_hf(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=512,
+                                   initializer_range=0.15)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval().cuda()
+    hf.generation_config.eos_token_id = None
+    return hf
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_256_token_prompt_gives_transformers_greedy_tokens(backend):
+    from amk.models import from_hf
+    hf = _tiny_hf()
+    ids = torch.randint(0, VOCAB, (1, 256), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(1))
+    with torch.no_grad():
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                          do_sample=False, pad_token_id=0)[0, 256:].tolist()
+    m = from_hf(hf, max_seq=288)
+    assert m.generate(ids[0], 16, backend=backend) == ref
+    s = m.last_stats
+    assert [c.size for c in s.prefill_chunks] == [128, 128] and s.decode_steps == 15
+
+
+def test_seeded_sampling_repeats_on_the_gpu():
+    from amk.models import from_hf
+    m = from_hf(_tiny_hf(seed=2), max_seq=64)
+    ids = list(range(1, 20))
+    a = m.generate(ids, 16, backend="cuda", temperature=2.0, seed=5)
+    assert a == m.generate(ids, 16, backend="cuda", temperature=2.0, seed=5)
+    assert a != m.generate(ids, 16, backend="cuda")
+
+
+def test_asynchronous_step_fault_raises_at_the_next_call_naming_the_task():
+    import amk
+    from amk import ops
+
+    def step(cache, new, pos):
+        return ops.kv_update(cache, new, pos)
+    f = amk.jit(step, backend="cuda", donate=("cache",))
+    cache = torch.zeros(8, 2, 4, device="cuda")
+    new = torch.ones(1, 8, device="cuda")
+    f(cache, new, torch.tensor([3], dtype=torch.int32, device="cuda"))
+    f.sync()
+    f(cache, new, torch.tensor([50], dtype=torch.int32, device="cuda"))  # returns: no sync
+    torch.cuda.synchronize()
+    with pytest.raises(TraceError, match="KV_APPEND position 50"):
+        f(cache, new, torch.tensor([4], dtype=torch.int32, device="cuda"))
+    f(cache, new, torch.tensor([4], dtype=torch.int32, device="cuda"))    # reset, runs again
+    f.sync()
+    assert torch.equal(cache[4], torch.ones(2, 4, device="cuda"))
+
+
+def test_asynchronous_deadlock_raises_at_sync_without_hanging(monkeypatch):
+    monkeypatch.setenv("AMK_WATCHDOG_S", "0.2")
+    from amk.backends.cuda import CudaProgram
+    from amk.program.ir import BufferKind as BK, DType as D, InstructionKind as K
+    from amk.backends.cuda.examples import Builder
+    b = Builder("stuck")
+    x = b.buf("x", BK.IO_INPUT, D.F32, (8,))
+    y = b.buf("y", BK.IO_OUTPUT, D.F32, (8,))
+    c = b.task(K.COPY, [x], [y])
+    b.task(K.COPY, [x], [y], waits=[(c, 5)], name="waits_forever")
+    b.outputs = [y]
+    cp = CudaProgram(b.program(), "cuda", validate=False, sync_each_run=False)
+    cp.run({"x": torch.ones(8, device="cuda")})          # returns at once
+    with pytest.raises(DeadlockError, match="waits_forever"):
+        cp.check()

@@ -1,0 +1,157 @@
+"""Prefill: a prompt runs as chunks of T rows (pos int32 [T]), not T decode steps. Tokens equal
+transformers' greedy ones; a 256-token prompt costs at most 16 decode steps of VM work."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import amk  # noqa: E402
+from amk import ops  # noqa: E402
+from amk.errors import TraceError  # noqa: E402
+from amk.models import from_hf  # noqa: E402
+from amk.models.prefill import Chunk, plan_chunks  # noqa: E402
+from amk.passes.options import CPU, PassOptions  # noqa: E402
+
+VOCAB = 96
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            initializer_range=0.15, rms_norm_eps=1e-5)
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY)).eval()
+    hf.generation_config.eos_token_id = None
+    return hf
+
+
+def hf_greedy(hf, ids, new):
+    with torch.no_grad():
+        out = hf.generate(ids[None], attention_mask=torch.ones_like(ids[None]),
+                          max_new_tokens=new, do_sample=False, pad_token_id=0)
+    return out[0, ids.numel():].tolist()
+
+
+def test_plan_chunks_full_chunks_then_one_padded_tail():
+    assert plan_chunks(256, 0, 512, (128, 16)) == [Chunk(0, 128, 128), Chunk(128, 128, 128)]
+    assert plan_chunks(37, 0, 512, (128, 16)) == [Chunk(0, 16, 16), Chunk(16, 16, 16),
+                                                  Chunk(32, 16, 5)]
+    assert plan_chunks(130, 0, 512, (128, 16)) == [Chunk(0, 128, 128), Chunk(128, 16, 2)]
+    # near the cache's end the tail is not padded past max_seq: smaller chunks, then steps of 1
+    assert plan_chunks(20, 0, 20, (16,)) == [Chunk(0, 16, 16), Chunk(16, 1, 1), Chunk(17, 1, 1),
+                                             Chunk(18, 1, 1), Chunk(19, 1, 1)]
+    with pytest.raises(TraceError, match="max_seq"):
+        plan_chunks(30, 0, 20)
+    with pytest.raises(TraceError, match="positive"):
+        plan_chunks(3, 0, 20, (0,))
+
+
+def _vm_work(jitted):
+    """(program runs, task executions) of every reference VM this jitted step built, by rows."""
+    out = {}
+    for exe in jitted._executables.values():
+        rows = next(b.shape[0] for b in exe.program.buffers if b.source == "token")
+        runs, tasks = out.get(rows, (0, 0))
+        out[rows] = (runs + exe.epoch, tasks + exe.epoch * len(exe.program.tasks))
+    return out
+
+
+def test_256_token_prompt_gives_transformers_tokens_at_most_16_decode_steps_of_work():
+    hf = tiny_llama()
+    ids = torch.randint(0, VOCAB, (256,), generator=torch.Generator().manual_seed(3))
+    want = hf_greedy(hf, ids, 8)
+    model = from_hf(hf, max_seq=272)
+    got = model.generate(ids, 8, backend="reference")
+    assert got == want
+    stats = model.last_stats
+    assert [c.size for c in stats.prefill_chunks] == [128, 128]
+    assert stats.decode_steps == 7 and stats.new_tokens == 8
+    # Cost proxy: task executions of the reference VM. Each task is one dispatch plus one torch
+    # call over its weight tile; at these sizes that dispatch is what a task costs, for 1 row or
+    # 128 (the wall clock on a real model is bench/generate.py --backend reference).
+    work = _vm_work(model.jit("reference"))
+    decode_runs, decode_tasks = work.pop(1)
+    per_step = decode_tasks / decode_runs
+    assert decode_runs == 7
+    prefill_tasks = sum(t for _, t in work.values())
+    assert prefill_tasks <= 16 * per_step, (prefill_tasks, per_step)
+
+
+def test_prefill_logits_match_transformers_forward_at_every_row():
+    hf = tiny_llama(seed=1)
+    ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(4))
+    model = from_hf(hf, max_seq=64)
+    step = model.jit("reference")
+    kv = model.new_kv()
+    _, logits, kv = step(model.params, ids.to(torch.int32), torch.arange(24, dtype=torch.int32), kv)
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    assert (logits - ref).abs().max() / ref.abs().max() < 1e-5
+    k_ref = hf(ids[None], use_cache=True).past_key_values.layers[0].keys[0]   # [n_kv, T, hd]
+    assert torch.allclose(kv[0]["k"][:24].transpose(0, 1), k_ref, atol=1e-5)
+
+
+def _block_attention(q, kc, vc, pos, new_k, new_v):
+    kc = ops.kv_update(kc, new_k, pos)
+    vc = ops.kv_update(vc, new_v, pos)
+    return ops.attention(q, kc, vc, pos, n_heads=4, n_kv_heads=2, head_dim=8), kc, vc
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_block_attention_is_causal_over_cache_and_block(splits):
+    g = torch.Generator().manual_seed(5)
+    T, start, S = 6, 5, 16
+    q = torch.randn(T, 32, generator=g)
+    new_k, new_v = torch.randn(T, 16, generator=g), torch.randn(T, 16, generator=g)
+    kc, vc = torch.randn(S, 2, 8, generator=g), torch.randn(S, 2, 8, generator=g)
+    pos = torch.arange(start, start + T, dtype=torch.int32)
+    f = amk.jit(_block_attention, backend="reference", donate=("kc", "vc"),
+                options=PassOptions(target=CPU, attn_splits=splits))
+    k_all, v_all = kc.clone(), vc.clone()
+    k_all[start:start + T] = new_k.view(T, 2, 8)
+    v_all[start:start + T] = new_v.view(T, 2, 8)
+    out, kc2, vc2 = f(q, kc, vc, pos, new_k, new_v)
+    assert torch.equal(kc2, k_all) and torch.equal(vc2, v_all)
+    for t in range(T):                   # row t: an independent decode attention at start + t
+        n = start + t + 1
+        kk = k_all[:n].repeat_interleave(2, dim=1)        # [n, 4, 8]
+        vv = v_all[:n].repeat_interleave(2, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[t].view(4, 8), kk) / 8 ** 0.5
+        ref = torch.einsum("hn,nhd->hd", s.softmax(-1), vv).reshape(-1)
+        assert torch.allclose(out[t], ref, atol=1e-5), t
+
+
+def test_positions_must_be_one_per_row():
+    def f(x, pos):
+        return ops.rope(x, pos, head_dim=8)
+    with pytest.raises(TraceError, match=r"one position per row"):
+        amk.jit(f, backend="reference")(torch.zeros(4, 16), torch.zeros(3, dtype=torch.int32))
+
+    def g(q, kc, vc, pos):
+        return ops.attention(q, kc, vc, pos, n_heads=2, n_kv_heads=2, head_dim=8)
+    cache = torch.zeros(2, 8, 2, 8)      # a batch cache: a block needs one sequence
+    with pytest.raises(TraceError, match="single-sequence cache"):
+        amk.jit(g, backend="reference")(torch.zeros(2, 16), cache, cache,
+                                        torch.zeros(2, dtype=torch.int32))
+
+
+def test_cuda_backend_refuses_a_block_program():
+    from amk.program.positions import block_position_tasks
+    hf = tiny_llama()
+    model = from_hf(hf, max_seq=32)
+    step = model.jit("reference")
+    kv = model.new_kv()
+    block = step.lower(model.params, torch.zeros(4, dtype=torch.int32),
+                       torch.arange(4, dtype=torch.int32), kv).program
+    decode = step.lower(*model.example_args()).program
+    assert block_position_tasks(block) and not block_position_tasks(decode)
+
+
+def test_batched_prompts_prefill_each_sequence():
+    hf = tiny_llama(seed=2)
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(6))
+    want = [hf_greedy(hf, ids[b], 6) for b in range(2)]
+    model = from_hf(hf, max_seq=48)
+    assert model.generate(ids, 6, backend="reference") == want
+    assert [c.size for c in model.last_stats.prefill_chunks] == [16, 16, 16, 16]
+
