@@ -20,7 +20,7 @@ from amk.models.sampling import Sampler, SamplingOptions
 
 @dataclass
 class GenerationStats:
-    prompt_tokens: int = 0          # per sequence
+    prompt_tokens: int = 0          # all sequences' prompts together
     batch: int = 1
     prefill_chunks: list = field(default_factory=list)   # the Chunk of every prefill program run
     decode_steps: int = 0           # decode-step program runs
@@ -30,25 +30,33 @@ class GenerationStats:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens * self.batch / self.first_token_s if self.first_token_s else 0.0
+        return self.prompt_tokens / self.first_token_s if self.first_token_s else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
         return self.decode_steps * self.batch / self.decode_s if self.decode_s else 0.0
 
 
-def _kv_of_sequence(kv: list, b: int, batch: int) -> list:
+def positions(lengths: list[int], device) -> torch.Tensor:
+    """The decode step's pos input after prompts of these lengths: int32 [1] when they are all
+    one length (every row at one position), else int32 [B], sequence b at its own position."""
+    if len(set(lengths)) == 1:
+        return torch.full((1,), lengths[0], dtype=torch.int32, device=device)
+    return torch.tensor(lengths, dtype=torch.int32, device=device)
+
+
+def kv_of_sequence(kv: list, b: int, batch: int) -> list:
     """Sequence b's single-sequence caches (views: prefill writes the batch cache in place)."""
     if batch == 1:
         return kv
     return [{k: c[b] for k, c in layer.items()} for layer in kv]
 
 
-def generate(model, ids: torch.Tensor, max_new_tokens: int, backend: str | None = None,
+def generate(model, prompts: list[torch.Tensor], max_new_tokens: int, backend: str | None = None,
              on_token: Callable | None = None, eos_token_id: int | None = None,
              return_logits: bool = False, sampling: SamplingOptions = SamplingOptions(),
              chunk_sizes: tuple[int, ...] = CHUNK_SIZES, sync_every: int | None = None):
-    """ids int32 [B, T] (B prompts of one length). See Model.generate. sync_every: new tokens
+    """prompts: B int32 [T_b] id tensors, of any lengths. See Model.generate. sync_every: new tokens
     kept on the device between host syncs (default 1 on the CPU, 8 on a GPU): the token feeds
     the next step on the device; EOS and on_token are checked at each sync."""
     if sync_every is None:
@@ -56,26 +64,23 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, backend: str | None 
     for name, v in (("max_new_tokens", max_new_tokens), ("sync_every", sync_every)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise TraceError(f"generate: {name} must be a positive integer, got {v!r}")
-    batch, t_prompt = ids.shape
+    batch, lengths = len(prompts), [int(p.numel()) for p in prompts]
     # the last new token is sampled, never fed back: positions 0 .. T + new - 2 are cached
-    if t_prompt + max_new_tokens - 1 > model.config.max_seq:
-        raise TraceError(f"generate: prompt {t_prompt} + {max_new_tokens} new tokens needs "
-                         f"{t_prompt + max_new_tokens - 1} cache rows, more than max_seq "
+    if max(lengths) + max_new_tokens - 1 > model.config.max_seq:
+        raise TraceError(f"generate: prompt {max(lengths)} + {max_new_tokens} new tokens needs "
+                         f"{max(lengths) + max_new_tokens - 1} cache rows, more than max_seq "
                          f"{model.config.max_seq}; build the model with a larger max_seq")
-    if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < model.config.vocab:
-        raise TraceError(f"generate: prompt token ids must lie in [0, {model.config.vocab}) (the "
-                         f"vocabulary), got {int(ids.min())}..{int(ids.max())}")
-    stats = GenerationStats(prompt_tokens=t_prompt, batch=batch)
+    stats = GenerationStats(prompt_tokens=sum(lengths), batch=batch)
     model.last_stats = stats
     t0 = time.perf_counter()
     sampler = Sampler(sampling, model.device)
     kv = model.new_kv(batch)
-    last = [prefill(model, ids[b], _kv_of_sequence(kv, b, batch), backend, chunk_sizes,
+    last = [prefill(model, prompts[b], kv_of_sequence(kv, b, batch), backend, chunk_sizes,
                     on_chunk=stats.prefill_chunks.append) for b in range(batch)]
     logits = torch.stack(last)                                   # [B, V]
     token = sampler.next(logits)
     step = model.jit(backend)
-    pos = torch.full((1,), t_prompt, dtype=torch.int32, device=model.device)
+    pos = positions(lengths, model.device)
     out: list[torch.Tensor] = []
     all_logits: list[torch.Tensor] = []
     done = torch.zeros(batch, dtype=torch.bool)

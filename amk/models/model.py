@@ -121,17 +121,34 @@ class Model:
         """The staged object (.graph, .stages, .program) of this model's decode step."""
         return self.jit(backend).lower(*self.example_args(batch))
 
-    def _prompt_ids(self, input_ids) -> torch.Tensor:
+    def _prompt_ids(self, input_ids) -> list[torch.Tensor]:
+        """The prompts as int32 [T_b] tensors: from a string, ids [T] or [B, T], or a list of
+        prompts (strings or id lists) of any lengths."""
         if isinstance(input_ids, str):
+            prompts = [self._one_prompt(input_ids)]
+        elif isinstance(input_ids, (list, tuple)) and input_ids and not isinstance(input_ids[0], int):
+            prompts = [self._one_prompt(p) for p in input_ids]      # strings, id lists, [T] tensors
+        else:
+            ids = torch.as_tensor(input_ids, dtype=torch.int32)
+            if ids.dim() == 1:
+                ids = ids[None]
+            if ids.dim() != 2:
+                raise TraceError(f"generate: input_ids must be [T], [B, T] or a list of prompts, "
+                                 f"got shape {tuple(ids.shape)}")
+            prompts = [self._one_prompt(row) for row in ids]
+        if any(p.numel() == 0 for p in prompts):
+            raise TraceError("generate: every prompt needs at least one token")
+        return prompts
+
+    def _one_prompt(self, prompt) -> torch.Tensor:
+        if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise TraceError("generate: got a string prompt but this Model has no tokenizer; "
                                  "pass token ids")
-            input_ids = self.tokenizer(input_ids).input_ids
-        ids = torch.as_tensor(input_ids, dtype=torch.int32)
-        if ids.dim() == 1:
-            ids = ids[None]
-        if ids.dim() != 2 or ids.shape[1] == 0:
-            raise TraceError(f"generate: input_ids must be [T] or [B, T] with T >= 1, got {tuple(ids.shape)}")
+            prompt = self.tokenizer(prompt).input_ids
+        ids = torch.as_tensor(prompt, dtype=torch.int32)
+        if ids.dim() != 1:
+            raise TraceError(f"generate: each prompt of a list must be [T] ids, got {tuple(ids.shape)}")
         bad = (ids < 0) | (ids >= self.config.vocab)
         if bool(bad.any()):
             raise TraceError(f"generate: argument 'input_ids' holds token id {int(ids[bad][0])}, "
@@ -144,8 +161,9 @@ class Model:
                  return_logits: bool = False, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None,
                  chunk_sizes: tuple[int, ...] | None = None):
-        """Decode after a chunked prefill. input_ids: [T] / [B, T] ids (all B prompts of one
-        length) or a string. Greedy (exact argmax) unless temperature > 0: then sampled with
+        """Decode after a chunked prefill. input_ids: a string, [T] / [B, T] ids, or a list of
+        prompts (strings or id lists) of different lengths: each sequence decodes at its own
+        position, its tokens those of generating it alone. Greedy (exact argmax) unless temperature > 0: then sampled with
         top_k / top_p, reproducibly for a seed (amk/models/sampling.py).
 
         Returns the new token ids: a list[int] for one sequence, list[list[int]] for a batch; with
@@ -160,6 +178,15 @@ class Model:
         sampling = SamplingOptions(temperature, top_k, top_p, seed)
         return generate(self, self._prompt_ids(input_ids), max_new_tokens, backend, on_token,
                         eos_token_id, return_logits, sampling, chunk_sizes or CHUNK_SIZES)
+
+    def batch(self, slots: int, backend: str | None = None, temperature: float = 0.0,
+              top_k: int | None = None, top_p: float | None = None, seed: int | None = None):
+        """Continuous batching: `slots` sequences decoding together, each at its own position;
+        add() a prompt into a free slot, step() them all, release() a finished one
+        (amk/models/batch.py has an example)."""
+        from amk.models.batch import Batch
+        from amk.models.sampling import SamplingOptions
+        return Batch(self, slots, backend, SamplingOptions(temperature, top_k, top_p, seed))
 
     def decode(self, ids) -> str:
         if self.tokenizer is None:

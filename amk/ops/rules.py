@@ -42,16 +42,18 @@ class Checker:
             self.fail(names[1], f"dtype {b.dtype.short} does not match '{names[0]}' dtype {a.dtype.short}")
 
     def pos(self, a: Aval, rows: int | None = None, cache: Aval | None = None) -> None:
-        """pos is int32 [1] (every row at one position: decode, also batched) or int32 [T], one
-        position per row of a T-token block of one sequence (prefill: rank-3 cache)."""
+        """pos is int32 [1] (every row at one position) or int32 [R], one position per row:
+        rows of a T-token block of one sequence (prefill: a rank-3 cache [max_seq, ...]) or the
+        B sequences of a batch, each at its own position in its own cache (rank 4, [B, ...])."""
         self.dtype("pos", a, DType.I32)
         if a.shape == (1,):
             return
         block = rows is not None and rows > 1 and a.shape == (rows,)
-        if block and cache is not None and len(cache.shape) != 3:
-            self.fail("pos", f"of shape {list(a.shape)} (one position per row of a prompt block) "
-                             f"needs a single-sequence cache [max_seq, n_kv, head_dim], got "
-                             f"{list(cache.shape)}")
+        per_seq = cache is not None and len(cache.shape) == 4 and cache.shape[0] == rows
+        if block and cache is not None and len(cache.shape) != 3 and not per_seq:
+            self.fail("pos", f"of shape {list(a.shape)} (one position per row) needs a "
+                             f"single-sequence cache [max_seq, n_kv, head_dim] or one cache row "
+                             f"per sequence [{rows}, max_seq, n_kv, head_dim], got {list(cache.shape)}")
         if not block:
             self.fail("pos", f"must be int32 of shape [1] (one decode position) or [{rows}] (one "
                              f"position per row of x), got {list(a.shape)}")

@@ -186,11 +186,11 @@ def _attention(c: _Ctx) -> None:
         c.bad(f"k_cache {list(kc.shape)} and v_cache {list(vc.shape)} differ")
     if len(c.ins) > 3:
         c.dtype(c.ins[3], INTS, "pos")
-        if c.ins[3].numel > 1:          # ext: a block of B rows of one sequence at pos[0..B)
-            c.numel(c.ins[3], B, "pos (one position per row of a block)")
-            if len(kc.shape) != 3:
-                c.bad(f"a block of positions needs a single-sequence cache [max_seq, {n_kv}, "
-                      f"{hd}], got {list(kc.shape)}")
+        if c.ins[3].numel > 1:          # ext: row r at pos[r]: a block of one sequence, or
+            c.numel(c.ins[3], B, "pos (one position per row)")   # B sequences, each its own
+            if len(kc.shape) != 3 and not (len(kc.shape) == 4 and kc.shape[0] == B):
+                c.bad(f"a position per row needs a single-sequence cache [max_seq, {n_kv}, "
+                      f"{hd}] or a cache per row [{B}, max_seq, {n_kv}, {hd}], got {list(kc.shape)}")
             if flags & NEW_KV:
                 c.bad("flags NEW_KV (one new row per sequence) does not apply to a block")
     if flags & NEW_KV:
@@ -297,17 +297,18 @@ def _embed(c: _Ctx) -> None:
 def _kv_append(c: _Ctx) -> None:
     new, pos, cache = c.ins[0], c.ins[1], c.outs[0]
     c.dtype(pos, INTS, "pos")
-    rows = pos.numel if "pos" not in c.p else 1    # ext: a block puts row t at pos[t]
-    if rows > 1 and len(cache.shape) != 3:
-        c.bad(f"a block of {rows} positions needs a single-sequence cache [max_seq, n_kv, "
-              f"head_dim], got {list(cache.shape)}")
+    rows = pos.numel if "pos" not in c.p else 1    # ext: row t at pos[t] (a block, or a batch)
+    per_seq = len(cache.shape) == 4 and cache.shape[0] == rows     # sequence t in cache t
+    if rows > 1 and len(cache.shape) != 3 and not per_seq:
+        c.bad(f"{rows} positions need a single-sequence cache [max_seq, n_kv, head_dim] or a "
+              f"cache per position [{rows}, max_seq, n_kv, head_dim], got {list(cache.shape)}")
     if cache.kind in READ_ONLY:
         c.bad(f"output {_b(cache)} is a read-only {cache.kind.name} buffer; KV_APPEND writes a cache "
               f"in place (a KV_CACHE, or the copy a non-donated cache gets)")
     if len(cache.shape) not in (3, 4):
         c.bad(f"cache {_b(cache)} must be [(B,) max_seq, n_kv, head_dim], got {list(cache.shape)}")
         raise _Bad
-    c.numel(new, rows * cache.numel // cache.shape[-3], "new")
+    c.numel(new, (1 if per_seq else rows) * cache.numel // cache.shape[-3], "new")
 
 
 def _argmax(c: _Ctx) -> None:

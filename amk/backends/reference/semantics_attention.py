@@ -67,11 +67,11 @@ def attention_tile(inputs, outputs, params, ctx):
     g0, g1 = h_off // rep, (h_off + hc) // rep
     scale = float(params.get("scale", 1.0 / hd ** 0.5))
     pos = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
-    block = pos is not None and pos.numel() > 1   # ext: row r is at position pos[r], one cache
-    if block and (B != 1 or pos.numel() != R):
-        raise ValidationError(f"attention: a block of {R} query rows with {pos.numel()} positions "
-                              f"needs one position per row and a single-sequence cache, got a "
-                              f"cache of {B} sequences")
+    block = pos is not None and pos.numel() > 1   # ext: row r is at position pos[r]: rows of
+    if block and (B not in (1, R) or pos.numel() != R):   # one cache, or sequence r in cache r
+        raise ValidationError(f"attention: {R} query rows with {pos.numel()} positions need one "
+                              f"position per row and a single-sequence cache or one cache per "
+                              f"row, got a cache of {B} sequences")
 
     kv_start = int(params.get("kv_start", 0))
     window = (kv_start, int(params.get("kv_len", max_seq - kv_start)), max_seq)
@@ -215,14 +215,20 @@ def kv_append(inputs, outputs, params, ctx):
 
 
 def _kv_append_block(new: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor) -> None:
-    """cache[pos[t]] = new[t] for a single-sequence cache [max_seq, ...]."""
+    """cache[pos[t]] = new[t] for a single-sequence cache [max_seq, ...]; with a cache per
+    sequence [B, max_seq, ...] (B = len(pos)), cache[t, pos[t]] = new[t]."""
     idx = pos.reshape(-1).to(torch.long)
-    rows = new.reshape(idx.numel(), *cache.shape[1:])
-    if cache.dim() == 4:
-        raise TraceError(f"KV_APPEND: a block of {idx.numel()} positions needs a single-sequence "
-                         f"cache [max_seq, ...], got {tuple(cache.shape)}")
+    per_seq = cache.dim() == 4
+    if per_seq and cache.shape[0] != idx.numel():
+        raise TraceError(f"KV_APPEND: {idx.numel()} positions need a single-sequence cache "
+                         f"[max_seq, ...] or one cache per position, got {tuple(cache.shape)}")
+    seq_len = cache.shape[1] if per_seq else cache.shape[0]
     lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= cache.shape[0]:
-        raise TraceError(f"KV_APPEND: block positions {lo}..{hi} are outside the cache's "
-                         f"{cache.shape[0]} rows; use a larger max_seq or a shorter prompt")
-    cache.index_copy_(0, idx, rows.to(cache.dtype))
+    if lo < 0 or hi >= seq_len:
+        raise TraceError(f"KV_APPEND: positions {lo}..{hi} are outside the cache's "
+                         f"{seq_len} rows; use a larger max_seq or a shorter prompt")
+    if per_seq:
+        rows = new.reshape(idx.numel(), *cache.shape[2:])
+        cache[torch.arange(idx.numel()), idx] = rows.to(cache.dtype)
+    else:
+        cache.index_copy_(0, idx, new.reshape(idx.numel(), *cache.shape[1:]).to(cache.dtype))
