@@ -34,9 +34,10 @@ def make_executable(program: Program, backend: str, device: torch.device, cuda_o
         blocks = block_position_tasks(program)
         if blocks:   # the megakernel reads one position per step (pos[0])
             raise BackendUnavailable(
-                f"backend 'cuda' runs one position per step; program {program.name!r} reads a "
-                f"block of positions (a prompt chunk) in task {blocks[0].id} {blocks[0].name!r}: "
-                f"run prefill chunks on the triton backend (Model.generate does)")
+                f"backend 'cuda' runs one position per step; program {program.name!r} reads "
+                f"several (a prompt chunk, or sequences each at its own position) in task "
+                f"{blocks[0].id} {blocks[0].name!r}: run prefill chunks on the triton backend "
+                f"(Model.generate does) and batches of different lengths on the reference backend")
         from amk.backends.cuda import CudaProgram
         from amk.backends.cuda.options import CudaOptions
         # Asynchronous steps: a fault raises at the next call or at Jitted.sync()
