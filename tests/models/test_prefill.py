@@ -129,8 +129,8 @@ def test_positions_must_be_one_per_row():
 
     def g(q, kc, vc, pos):
         return ops.attention(q, kc, vc, pos, n_heads=2, n_kv_heads=2, head_dim=8)
-    cache = torch.zeros(2, 8, 2, 8)      # a batch cache: a block needs one sequence
-    with pytest.raises(TraceError, match="single-sequence cache"):
+    cache = torch.zeros(3, 8, 2, 8)      # 3 sequences' caches for 2 rows: neither a block of
+    with pytest.raises(TraceError, match="single-sequence cache"):     # one nor one per row
         amk.jit(g, backend="reference")(torch.zeros(2, 16), cache, cache,
                                         torch.zeros(2, dtype=torch.int32))
 
