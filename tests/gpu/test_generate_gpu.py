@@ -72,7 +72,7 @@ def test_asynchronous_deadlock_raises_at_sync_without_hanging(monkeypatch):
     monkeypatch.setenv("AMK_WATCHDOG_S", "0.2")
     from amk.backends.cuda import CudaProgram
     from amk.program.ir import BufferKind as BK, DType as D, InstructionKind as K
-    from amk.backends.cuda.examples import Builder
+    from amk.testing.cuda_examples import Builder
     b = Builder("stuck")
     x = b.buf("x", BK.IO_INPUT, D.F32, (8,))
     y = b.buf("y", BK.IO_OUTPUT, D.F32, (8,))
