@@ -29,7 +29,8 @@ def test_family_on_cuda_matches_the_reference_vm(case):
     want, want_logits = m.generate(ids, NEW, backend="reference", return_logits=True)
     got, got_logits = m.generate(ids, NEW, backend="cuda", return_logits=True)
     for step, (g, w) in enumerate(zip(got_logits, want_logits)):
-        torch.testing.assert_close(g, w, rtol=2e-3, atol=2e-3, msg=f"{case} step {step}")
+        torch.testing.assert_close(g, w, rtol=2e-3, atol=2e-3,
+                                   msg=lambda m, s=step: f"{case} step {s}: {m}")
     assert got == want
 
 

@@ -270,6 +270,24 @@ def test_quantized_gemv_and_dequant_on_cuda(int4):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3, equal_nan=True)
 
 
+@needs_cuda
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prompt_block_gemm_on_cuda(dt):
+    """fp32 weights get fp32 products (tl.dot's fp32 default, tf32, is off by ~1e-3 relative:
+    it made fp32 models' triton prefill differ from the reference VM)."""
+    from amk.backends.triton.launch import launch_op
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(40, 512, generator=g), torch.randn(96, 512, generator=g)
+    b = torch.randn(96, generator=g)
+    xd, wd, bd = (t.to("cuda", dt) for t in (x, w, b))
+    out = torch.full((40, 96), float("nan"), device="cuda", dtype=torch.float32)
+    launch_op(K.GEMM_TILE, [xd, wd, bd], [out], {"n_off": 16, "N_tile": 64, "K": 512})
+    want = (xd.double() @ wd[16:80].double().T + bd[16:80].double()).float().cpu()
+    tol = 1e-4 if dt == torch.float32 else 2e-2
+    torch.testing.assert_close(out[:, 16:80].cpu(), want, rtol=tol, atol=tol * 10)
+    assert out[:, :16].isnan().all() and out[:, 80:].isnan().all()
+
+
 # ------------------------------------------------------------------------------ whole program
 STEPS = [(7, 0), (3, 1), (50, 2), (9, 9), (1, 15)]
 

@@ -16,7 +16,8 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, K, n_off, n_end, stride_x, stride
                 HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Grid (cdiv(M, BLOCK_M), cdiv(n_end - n_off, BLOCK_N)). UPCAST: dot in fp32 (the
-    interpreter gets bf16 dots wrong; fp32 operands are exact there)."""
+    interpreter gets bf16 dots wrong), with ieee products: fp32 weights get fp32 arithmetic, not
+    tf32's 10-bit mantissa."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = n_off + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = rm < M
@@ -29,12 +30,10 @@ def gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, K, n_off, n_end, stride_x, stride
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptr + rn[None, :] * stride_w + ks[:, None],
                     mask=n_mask[None, :] & k_mask[:, None], other=0.0)     # [K, N] view of W
-        if UPCAST:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
+        if UPCAST:     # exact fp32 products: tl.dot's default for fp32 operands is tf32
+            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
-            w = w.to(x.dtype)
-        acc += tl.dot(x, w)
+            acc += tl.dot(x, w.to(x.dtype))
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty),

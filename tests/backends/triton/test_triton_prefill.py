@@ -11,7 +11,7 @@ import pytest
 import torch
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("CUDA present: tests/gpu/test_prefill_gpu.py covers this", allow_module_level=True)
+    pytest.skip("CUDA present: tests/gpu/test_generate_gpu.py and test_triton_gpu.py cover this", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"          # before triton decorates any kernel
 pytest.importorskip("triton")
 transformers = pytest.importorskip("transformers")
