@@ -1,5 +1,5 @@
-"""Batch-1 decode of a preset model shape (random bf16 weights; --model, default Llama-3.2-1B)
-on one GPU, with a KV cache of --max-seq rows (default 8192: what a user allocates, not the
+"""Decode of a preset model shape (random bf16 weights; --model, default Llama-3.2-1B; --batch
+sequences at one position; --quant for weight-only quantized linears) on one GPU, with a KV cache of --max-seq rows (default 8192: what a user allocates, not the
 context being measured; a cache sized to the context hides what capacity costs).
 
 Reports, from ONE run: the measured read bandwidth and the floor it implies (weight + KV bytes
@@ -9,6 +9,8 @@ same compiled step replayed from one CUDA graph (GPU time only, as AMK cuda's), 
 and warm compile times. Prints a table; writes JSON.
 
     python bench/decode.py --model qwen3-0.6b --contexts 128 1024 4096 --max-seq 8192
+    python bench/decode.py --batch 16 --contexts 1024 --backends cuda
+    python bench/decode.py --quant int4 --contexts 128 --backends cuda --compile-peer-at
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from torch_llama import torch_decode_step  # noqa: E402
 import amk  # noqa: E402
 from amk.models.model import Model  # noqa: E402
 from amk.models.presets import PRESETS, random_params  # noqa: E402
+from amk.quant import FORMATS  # noqa: E402
 
 
 def time_ms(fn, iters: int, reps: int = 5) -> float:
@@ -105,15 +108,27 @@ def _leaves(x):
             yield from _leaves(v)
 
 
+def quantized(cfg, params: dict, fmt: str | None) -> dict:
+    """params with every linear weight and the LM head quantized to fmt (the bf16 tensors stay
+    as they were: the torch peers read them), or params itself without a format."""
+    if fmt is None:
+        return params
+    q = {**params, "layers": [dict(layer) for layer in params["layers"]]}
+    return Model(cfg, q).quantize(fmt).params
+
+
 def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: float,
-                  compile_peer: bool) -> dict:
-    m = Model(cfg, params)
-    kv = m.new_kv()
-    token = torch.tensor([17], dtype=torch.int32, device="cuda")
+                  compile_peer: bool, batch: int = 1, amk_params: dict | None = None) -> dict:
+    """One context's row. params: the bf16 weights the torch peers read; amk_params: what AMK
+    runs (the quantized weights under --quant; default params)."""
+    amk_params = params if amk_params is None else amk_params
+    m = Model(cfg, amk_params)
+    kv = m.new_kv(batch)
+    token = torch.full((batch,), 17, dtype=torch.int32, device="cuda")
     pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
-    kv_bytes = 2 * cfg.n_layers * ctx * cfg.n_kv_heads * cfg.head_dim * 2
-    floor_ms = (weight_bytes(params) + kv_bytes) / bw * 1e3
-    row = {"context": ctx, "floor_ms": floor_ms}
+    kv_bytes = batch * 2 * cfg.n_layers * ctx * cfg.n_kv_heads * cfg.head_dim * 2
+    floor_ms = (weight_bytes(amk_params) + kv_bytes) / bw * 1e3
+    row = {"context": ctx, "batch": batch, "floor_ms": floor_ms}
 
     row["eager_ms"] = time_ms(lambda: torch_decode_step(m.config, params, token, pos, kv), iters=10)
     if compile_peer:
@@ -141,16 +156,17 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
         try:
             step = amk.jit(m.fn, backend=be, donate=("kv",))
             t0 = time.perf_counter()
-            step(params, token, pos, kv)
+            args = (amk_params, token, pos, kv)
+            step(*args)
             torch.cuda.synchronize()
             row[f"amk_{be}_first_call_s"] = time.perf_counter() - t0
             n = 3 if be == "reference" else iters
             # The Python call: flatten the pytrees, bind, launch, check the kernel's fault word.
-            row[f"amk_{be}_call_ms"] = time_ms(lambda: step(params, token, pos, kv), iters=n,
+            row[f"amk_{be}_call_ms"] = time_ms(lambda: step(*args), iters=n,
                                                reps=2 if be == "reference" else 5)
             if be == "cuda":       # the kernel alone: its one launch replayed from a CUDA graph
-                row["amk_cuda_ms"] = graph_ms(step, (params, token, pos, kv), iters)
-                row["amk_cuda_tasks"] = len(step.lower(params, token, pos, kv).program.tasks)
+                row["amk_cuda_ms"] = graph_ms(step, args, iters)
+                row["amk_cuda_tasks"] = len(step.lower(*args).program.tasks)
             elif be == "triton":   # already a CUDA-graph replay inside the call
                 row["amk_triton_ms"] = row["amk_triton_call_ms"]
             else:
@@ -162,11 +178,11 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
     return row
 
 
-def compile_times(cfg, params) -> dict:
+def compile_times(cfg, params, batch: int = 1) -> dict:
     """Cold (empty cache: trace + passes + NVRTC) and warm (disk cache) compile of the cuda step."""
     out = {}
     m = Model(cfg, params)
-    args = m.example_args()
+    args = m.example_args(batch)
     with tempfile.TemporaryDirectory() as d:
         old = os.environ.get("AMK_CACHE_DIR")
         os.environ["AMK_CACHE_DIR"] = d
@@ -198,9 +214,15 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--compile-peer-at", type=int, nargs="*", default=[1024],
                     help="contexts at which to run torch.compile (it takes a minute each)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a step (default %(default)s)")
+    ap.add_argument("--quant", choices=sorted(FORMATS), default=None,
+                    help="AMK runs weight-only quantized linears and LM head (Model.quantize); "
+                         "the torch peers keep the bf16 weights")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--json", default="bench/results.json")
     a = ap.parse_args(argv)
+    if a.batch < 1:
+        ap.error(f"--batch must be at least 1, got {a.batch}")
     if a.max_seq < max(a.contexts) or min(a.contexts) < 1:
         ap.error(f"--max-seq {a.max_seq} must hold every context (1..{a.max_seq}), got {a.contexts}")
     if not have_gpu(__file__):
@@ -208,18 +230,20 @@ def main(argv=None) -> int:
     cfg = replace(PRESETS[a.model], max_seq=a.max_seq)
     cfg = cfg if a.layers is None else replace(cfg, n_layers=a.layers)
     params = random_params(cfg, device="cuda", seed=0)
+    amk_params = quantized(cfg, params, a.quant)
     bw = read_bandwidth()
-    result = {"model": a.model, "max_seq": a.max_seq,
+    result = {"model": a.model, "max_seq": a.max_seq, "batch": a.batch, "quant": a.quant,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "read_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes(params) / 1e9,
+              "read_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes(amk_params) / 1e9,
               "rows": []}
     if "cuda" in a.backends:
         try:
-            result["compile"] = compile_times(cfg, params)
+            result["compile"] = compile_times(cfg, amk_params, a.batch)
         except Exception as e:
             result["compile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     for ctx in a.contexts:
-        row = bench_context(cfg, params, ctx, a.backends, a.iters, bw, ctx in a.compile_peer_at)
+        row = bench_context(cfg, params, ctx, a.backends, a.iters, bw, ctx in a.compile_peer_at,
+                            a.batch, amk_params)
         result["rows"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
@@ -229,7 +253,8 @@ def main(argv=None) -> int:
 
 
 def print_table(r: dict) -> None:
-    print(f"\n{r['model']}  max_seq {r['max_seq']}  {r['device']}  torch {r['torch']}  "
+    print(f"\n{r['model']}  batch {r.get('batch', 1)}  {r.get('quant') or 'bf16'}  "
+          f"max_seq {r['max_seq']}  {r['device']}  torch {r['torch']}  "
           f"read bandwidth {r['read_bandwidth_TBps']:.2f} TB/s  weights {r['weight_GB']:.2f} GB")
     if "compile" in r:
         print("compile:", ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"

@@ -20,18 +20,20 @@ def _rope(x, pos, inv_freq, hd):
 
 
 def _attention(q, k, v, mask):
-    """q [nkv, rep, hd] (a kv group's heads together), k and v the cache [S, nkv, hd]: two
+    """q [B, nkv, rep, hd] (a kv group's heads together), k and v the caches [B, S, nkv, hd]: two
     batched matmuls over strided views of the cache (no copy of it, no repeat of the kv heads)."""
-    s = torch.matmul(q, k.permute(1, 2, 0)).float() * q.shape[-1] ** -0.5 + mask   # [nkv, rep, S]
-    return torch.matmul(s.softmax(-1).to(v.dtype), v.permute(1, 0, 2))           # [nkv, rep, hd]
+    s = torch.matmul(q, k.permute(0, 2, 3, 1)).float() * q.shape[-1] ** -0.5 + mask   # [B, nkv, rep, S]
+    return torch.matmul(s.softmax(-1).to(v.dtype), v.permute(0, 2, 1, 3))           # [B, nkv, rep, hd]
 
 
 def torch_decode_step(cfg, params, token, pos, kv):
-    """Batch-1 decode; the KV cache [max_seq, n_kv, hd] is updated in place at pos."""
+    """Decode of token [B] at one position pos [1]; the KV caches [max_seq, n_kv, hd] (batch 1)
+    or [B, max_seq, n_kv, hd] are updated in place at pos."""
     hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    x = params["embed"][token]                        # [1, H]
+    x = params["embed"][token]                        # [B, H]
+    B = x.shape[0]
     p_idx = pos.long()
-    seq = torch.arange(kv[0]["k"].shape[0], device=x.device)
+    seq = torch.arange(kv[0]["k"].shape[-3], device=x.device)
     mask = torch.where(seq <= p_idx, 0.0, float("-inf"))   # fp32, static shape: graph-safe
     for p, cache in zip(params["layers"], kv):
         h = _rms(x, p["attn_norm"], cfg.rms_eps)
@@ -41,10 +43,11 @@ def torch_decode_step(cfg, params, token, pos, kv):
             k = _rms(k.view(-1, hd), p["k_norm"], cfg.rms_eps).view_as(k)
         q = _rope(q, pos, params["inv_freq"], hd)
         k = _rope(k, pos, params["inv_freq"], hd)
-        cache["k"].index_copy_(0, p_idx, k.view(1, nkv, hd))
-        cache["v"].index_copy_(0, p_idx, v.view(1, nkv, hd))
-        a = _attention(q.view(nkv, nh // nkv, hd), cache["k"], cache["v"], mask)
-        x = x + F.linear(a.reshape(1, nh * hd), p["wo"])
+        ck, cv = (cache[n].view(B, -1, nkv, hd) for n in ("k", "v"))
+        ck.index_copy_(1, p_idx, k.view(B, 1, nkv, hd))
+        cv.index_copy_(1, p_idx, v.view(B, 1, nkv, hd))
+        a = _attention(q.view(B, nkv, nh // nkv, hd), ck, cv, mask)
+        x = x + F.linear(a.reshape(B, nh * hd), p["wo"])
         h = _rms(x, p["mlp_norm"], cfg.rms_eps)
         x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
     logits = F.linear(_rms(x, params["norm"], cfg.rms_eps), params["lm_head"])
