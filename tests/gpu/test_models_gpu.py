@@ -8,7 +8,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-from amk.models.presets import LLAMA_3_2_1B, random_model  # noqa: E402
+from amk.models.presets import LLAMA_3_2_1B, LLAMA_3_8B, QWEN3_0_6B, random_model  # noqa: E402
 
 I32 = torch.int32
 
@@ -56,13 +56,10 @@ def test_llama_1b_shape_cuda_matches_reference_vm_for_32_steps():
     assert agree >= 30, f"argmax agreed on only {agree}/32 steps"
 
 
-@pytest.mark.parametrize("pos", [0, 136, 137, 700, 1087])
-def test_llama_1b_shape_split_kv_step_with_history_matches_reference_vm(pos):
-    """The benchmark's schedule (max_seq 1088: 8 KV shards a kv head, the combine folded into
-    the o tiles and their weights preloaded, the new K/V rows read by the attention and appended
-    after it) on a cache full of history, pos at shard edges: logits and both caches."""
-    cfg = replace(LLAMA_3_2_1B, n_layers=2)
-    m = random_model(cfg, device="cuda", max_seq=1088, seed=5)
+def _step_with_history_matches_reference(cfg, max_seq, pos, seed):
+    """One step of cfg's model on a cache full of history at pos: logits, argmax and both caches
+    (only row pos written) of the cuda backend against the reference VM on the same GPU."""
+    m = random_model(cfg, device="cuda", max_seq=max_seq, seed=seed)
     params, token, p, kv = m.example_args()
     g = torch.Generator(device="cuda").manual_seed(pos)
     for layer in kv:
@@ -82,6 +79,27 @@ def test_llama_1b_shape_split_kv_step_with_history_matches_reference_vm(pos):
         for k in ("k", "v"):
             torch.testing.assert_close(gl[k].float(), wl[k].float(), rtol=2e-2, atol=2e-2)
             assert torch.equal(gl[k][:pos], wl[k][:pos]) and torch.equal(gl[k][pos + 1:], wl[k][pos + 1:])
+
+
+@pytest.mark.parametrize("pos", [0, 136, 137, 700, 1087])
+def test_llama_1b_shape_split_kv_step_with_history_matches_reference_vm(pos):
+    """The benchmark's schedule at a sized cache (max_seq 1088: 8 KV shards a kv head, the
+    combine folded into the o tiles and their weights preloaded, the new K/V rows read by the
+    attention and appended after it), pos at shard edges."""
+    _step_with_history_matches_reference(replace(LLAMA_3_2_1B, n_layers=2), 1088, pos, seed=5)
+
+
+SHAPES = {"qwen3-0.6b": replace(QWEN3_0_6B, n_layers=2),              # head dim 128, qk-norm
+          "qwen2-biases": replace(LLAMA_3_2_1B, n_layers=2, qkv_bias=True),
+          "llama-3-8b": replace(LLAMA_3_8B, n_layers=1)}
+
+
+@pytest.mark.parametrize("pos", [0, 127, 1023, 4095, 8191])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_preset_shapes_at_a_users_cache_match_reference_vm(shape, pos):
+    """The cache a user allocates (8192 rows: split-KV over the live window [0, pos], P from the
+    capacity) for the other preset shapes and biases, from an empty-ish to a full cache."""
+    _step_with_history_matches_reference(SHAPES[shape], 8192, pos, seed=6)
 
 
 def test_one_thousand_repeated_steps_are_identical():
