@@ -5,7 +5,7 @@ render(program, options) -> CUDA C++; compile_cuda(program, arch, options) -> CU
 reference VM's binding contract. Its stages (folded program, tables, kernel.cu, cubin):
 stages.build. Its settings: one frozen CudaOptions (options.py), built at the edge.
 
-Everything but CudaOptions is imported on first use: amk.knobs needs CudaOptions on every run,
+Everything but CudaOptions is imported on first use: every run builds CudaOptions at the edge,
 and a CPU run (`amk generate` on the reference VM) should not pay for the code generator.
 """
 from amk.backends.cuda.options import CudaOptions
