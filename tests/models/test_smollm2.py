@@ -89,3 +89,36 @@ def test_a_cached_gguf_load_skips_transformers_and_gives_the_same_tokens(smol, a
     assert warm_tok(PROMPT).input_ids == ids and warm_tok.eos_token_id == tok.eos_token_id
     assert warm.config == model.config
     assert warm.generate(ids, NEW, backend="reference") == want
+
+
+# Run in a fresh interpreter: what a warm `amk generate` imports (these cost seconds, or pull in
+# the GPU code generator) and what it prints.
+_WARM_RUN = """
+import sys
+from amk.cli import main
+rc = main(["generate", "--prompt", sys.argv[1], "--max-new-tokens", "2", "--backend", "reference"])
+heavy = ("transformers", "gguf", "triton", "amk.backends.cuda.codegen", "amk.backends.cuda.compile")
+print("IMPORTED", sorted(m for m in heavy if m in sys.modules), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def test_a_warm_cli_generate_imports_no_transformers_gguf_or_gpu_codegen(smol, tmp_path,
+                                                                         monkeypatch):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from amk.models import gguf, gguf_cache
+    model, tok = smol
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))      # what a cold load leaves there
+    assert gguf_cache.save_folder(gguf.smollm2_gguf_path(), torch.float32, model.hf, tok,
+                                  config=model.config) is not None
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _WARM_RUN, PROMPT], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(PROMPT + " Paris")
+    assert "IMPORTED []" in r.stderr, r.stderr
