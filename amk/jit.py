@@ -114,6 +114,8 @@ class Jitted:
         self._cache: dict[Any, Lowered] = {}
         self._executables: dict[Any, Any] = {}
         self._fast: _FastCall | None = None     # the last plain call, for the per-call fast path
+        self._accessors: dict[Any, Callable] = {}
+        self._last_tds = None
         functools.update_wrapper(self, fn)
 
     # -- signature -----------------------------------------------------------------------
@@ -186,6 +188,7 @@ class Jitted:
         device = _device_of(leaves, lambda: self._flatten(dyn)[1])
         backend = self.backend or _default_backend(device)
         key = self._key(dyn, static, leaves, tds, backend)
+        self._last_tds = tds                  # for _remember: no second flatten
         low = self._cache.get(key)
         if low is None:
             low = self._cache[key] = self._lower(dyn, static, leaves, backend, device)
@@ -243,9 +246,11 @@ class Jitted:
                 or any(p.kind not in kinds for p in params)):
             self._fast = None
             return
-        dyn, _ = self._split(args, kwargs)
-        tds = self._flatten(dyn, with_paths=False)[2]
-        self._fast = _FastCall(len(args), pytree.accessor(tds), prepared[2], prepared[4], prepared)
+        tds = self._last_tds
+        access = self._accessors.get(tds)
+        if access is None:                    # one per structure (prefill and decode alternate)
+            access = self._accessors[tds] = pytree.accessor(tds)
+        self._fast = _FastCall(len(args), access, prepared[2], prepared[4], prepared)
 
     def __call__(self, *args, **kwargs):
         prepared = self._fast_prepare(args) if not kwargs else None
