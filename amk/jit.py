@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import time
+from itertools import compress
 from typing import Any, Callable, Sequence
 
 import torch
@@ -111,6 +113,9 @@ class Jitted:
         self._cuda_options = None           # built from the knobs at the first call, once
         self._cache: dict[Any, Lowered] = {}
         self._executables: dict[Any, Any] = {}
+        self._fast: _FastCall | None = None     # the last plain call, for the per-call fast path
+        self._accessors: dict[Any, Callable] = {}
+        self._last_tds = None
         functools.update_wrapper(self, fn)
 
     # -- signature -----------------------------------------------------------------------
@@ -183,6 +188,7 @@ class Jitted:
         device = _device_of(leaves, lambda: self._flatten(dyn)[1])
         backend = self.backend or _default_backend(device)
         key = self._key(dyn, static, leaves, tds, backend)
+        self._last_tds = tds                  # for _remember: no second flatten
         low = self._cache.get(key)
         if low is None:
             low = self._cache[key] = self._lower(dyn, static, leaves, backend, device)
@@ -210,19 +216,75 @@ class Jitted:
             if callable(getattr(exe, "check", None)):
                 exe.check()
 
+    def _fast_prepare(self, args):
+        """The last call's signature again, when args hold the same structure and every leaf
+        that is not the last call's tensor object has its shape, dtype and device (a leaf
+        that is the same object is not re-checked: the backend checks its address)."""
+        f = self._fast
+        if f is None or len(args) != f.nargs:
+            return None
+        try:
+            leaves = f.access(args)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return None
+        if leaves is None:
+            return None
+        last = f.leaves
+        for i in compress(range(len(leaves)), map(operator.is_not, leaves, last)):
+            t = leaves[i]
+            if (not isinstance(t, torch.Tensor) or t.shape != last[i].shape
+                    or t.dtype != last[i].dtype or t.device != f.device):
+                return None
+        f.leaves = leaves
+        return f.prepared[:2] + (leaves,) + f.prepared[3:]
+
+    def _remember(self, args, kwargs, prepared) -> None:
+        """Keep what the fast path needs: only for plain positional calls of every argument."""
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = self.sig.parameters.values()
+        if (kwargs or self.static_argnames or len(args) != len(params)
+                or any(p.kind not in kinds for p in params)):
+            self._fast = None
+            return
+        tds = self._last_tds
+        access = self._accessors.get(tds)
+        if access is None:                    # one per structure (prefill and decode alternate)
+            access = self._accessors[tds] = pytree.accessor(tds)
+        self._fast = _FastCall(len(args), access, prepared[2], prepared[4], prepared)
+
     def __call__(self, *args, **kwargs):
-        low, key, leaves, paths, device, backend = self._prepare(args, kwargs)
-        low, exe, bindings = self._executable(low, key, leaves, paths, device, backend)
+        prepared = self._fast_prepare(args) if not kwargs else None
+        if prepared is None:
+            prepared = self._prepare(args, kwargs)
+            self._remember(args, kwargs, prepared)
+        low, key, leaves, paths, device, backend = prepared
+        fast = self._fast
+        if fast is not None and fast.exe is not None and fast.prepared[1] is key:
+            exe, bindings = fast.exe, dict(zip(paths, leaves))    # no hash of the long key
+        else:
+            low, exe, bindings = self._executable(low, key, leaves, paths, device, backend)
+            if fast is not None and fast.prepared[1] is key:
+                fast.exe = exe
         try:
             outs = exe.run(bindings)
         except BaseException:
             # A failed run may leave a backend's counters mid-step: drop the executable so the
             # next call builds a fresh one from the (still valid) compiled program.
             self._executables.pop((key, device), None)
+            self._fast = None
             raise
-        outs = [o if tuple(o.shape) == v.aval.shape else o.view(v.aval.shape)
+        outs = [o if o.shape == v.aval.shape else o.view(v.aval.shape)
                 for o, v in zip(outs, low.graph.outputs)]
         return pytree.unflatten(low.out_treedef, outs)
+
+
+class _FastCall:
+    """The last plain call of a Jitted: its structure's accessor, leaves and _prepare result."""
+
+    def __init__(self, nargs, access, leaves, device, prepared):
+        self.nargs, self.access, self.leaves, self.device = nargs, access, leaves, device
+        self.prepared = prepared
+        self.exe = None
 
 
 def _device_of(leaves: Sequence[torch.Tensor], paths: Callable[[], Sequence[str]]) -> torch.device:

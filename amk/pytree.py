@@ -101,3 +101,49 @@ def unflatten(treedef, leaves: list[Any]) -> Any:
     rest = list(it)
     assert not rest, f"unflatten: {len(rest)} leaves left over"
     return out
+
+
+def accessor(treedefs: tuple) -> Callable[[tuple], list | None]:
+    """A function args -> the leaves of args[i] flattened by treedefs[i], in flatten's order, or
+    None when a container's kind, length or static fields differ (a missing key or index
+    raises). Generated straight-line code: amk.jit's per-call fast path, where a Python walk of
+    a model's few hundred weights cost more than the kernel launch."""
+    lines, leaves, consts, n = ["def access(args):"], [], {}, [0]
+
+    def name(prefix):
+        n[0] += 1
+        return f"{prefix}{n[0]}"
+
+    def node(expr, td):
+        tag = td[0]
+        if tag == "leaf":
+            v = name("v")
+            lines.append(f"    {v} = {expr}")
+            leaves.append(v)
+            return
+        if tag == "none":
+            lines.append(f"    if {expr} is not None: return None")
+            return
+        v = name("n")
+        lines.append(f"    {v} = {expr}")
+        if tag == "dc":
+            _, cls, static, svals, names, children = td
+            c, s = name("C"), name("S")
+            consts[c], consts[s] = cls, svals
+            got = "".join(f"{v}.{f}, " for f in static)
+            lines.append(f"    if type({v}) is not {c} or ({got}) != {s}: return None")
+            for f, child in zip(names, children):
+                node(f"{v}.{f}", child)
+            return
+        kind = {"dict": "dict", "list": "list", "tuple": "tuple"}[tag]
+        lines.append(f"    if not isinstance({v}, {kind}) or len({v}) != {len(td[2])}: return None")
+        keys = td[1] if tag == "dict" else range(td[1])
+        for k, child in zip(keys, td[2]):
+            node(f"{v}[{k!r}]", child)
+
+    for i, td in enumerate(treedefs):
+        node(f"args[{i}]", td)
+    lines.append(f"    return [{', '.join(leaves)}]")
+    ns = dict(consts)
+    exec("\n".join(lines), ns)         # noqa: S102 (source built above from the treedef only)
+    return ns["access"]

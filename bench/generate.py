@@ -70,10 +70,33 @@ def bench_amk(m, ids, new: int, backend: str) -> dict:
     m.generate(ids, 4, backend=backend)                  # compiles every program it needs
     m.generate(ids, new, backend=backend)
     s = m.last_stats
-    return {f"amk_{backend}_first_token_ms": s.first_token_s * 1e3,
-            f"amk_{backend}_ms_per_token": s.decode_s / max(s.decode_steps, 1) * 1e3,
-            f"amk_{backend}_prefill_chunks": [c.size for c in s.prefill_chunks],
-            f"amk_{backend}_decode_steps": s.decode_steps}
+    row = {f"amk_{backend}_first_token_ms": s.first_token_s * 1e3,
+           f"amk_{backend}_ms_per_token": s.decode_s / max(s.decode_steps, 1) * 1e3,
+           f"amk_{backend}_prefill_chunks": [c.size for c in s.prefill_chunks],
+           f"amk_{backend}_decode_steps": s.decode_steps,
+           f"amk_{backend}_graph_replays": s.graph_replays}
+    if backend == "cuda":
+        row.update(bench_call(m, len(ids) + new // 2))
+    return row
+
+
+def bench_call(m, ctx: int, iters: int = 50) -> dict:
+    """The jitted cuda step at context ctx: the kernel alone (its launch replayed from a CUDA
+    graph), back-to-back Python calls (CUDA events) and the host's time per call (no sync)."""
+    from decode import graph_ms, time_ms
+    step = m.jit("cuda")
+    params, token, pos, kv = m.example_args()
+    pos.fill_(ctx)
+    call = time_ms(lambda: step(params, token, pos, kv), iters=iters)
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step(params, token, pos, kv)
+    host = (time.perf_counter() - t0) / iters
+    _sync()
+    kernel = graph_ms(step, (params, token, pos, kv), iters)
+    return {"amk_cuda_kernel_ms": kernel, "amk_cuda_call_ms": call,
+            "amk_cuda_call_overhead_us": (call - kernel) * 1e3, "amk_cuda_call_host_us": host * 1e6}
 
 
 def bench_hf(hf, ids, new: int) -> dict:
@@ -179,6 +202,13 @@ def print_table(r: dict) -> None:
             ("torch.compile step (CUDA graph)", None, "torch_compile_graph_ms_per_token")]:
         cells = [f"{r[k]:>15.2f}" if k in r else f"{'-':>15}" for k in (first, per)]
         print(f"{label:<34} " + " ".join(cells))
+    if "amk_cuda_kernel_ms" in r:
+        per = r.get("amk_cuda_ms_per_token", float("nan"))
+        print(f"cuda step at context {r['prompt'] + r['new'] // 2}: kernel (graph replay) "
+              f"{r['amk_cuda_kernel_ms']:.3f} ms, jitted call {r['amk_cuda_call_ms']:.3f} ms "
+              f"(+{r['amk_cuda_call_overhead_us']:.0f} us; host {r['amk_cuda_call_host_us']:.0f} us "
+              f"a call); generate / kernel {per / r['amk_cuda_kernel_ms']:.3f}x "
+              f"({r.get('amk_cuda_graph_replays', 0)} graph replays)")
     for k, v in r.items():
         if k.endswith("_error"):
             print(f"  {k}: {v}")

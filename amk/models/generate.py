@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from amk.errors import TraceError
+from amk.models.device_loop import device_loop
 from amk.models.prefill import CHUNK_SIZES, prefill
 from amk.models.sampling import Sampler, SamplingOptions
 
@@ -27,6 +28,7 @@ class GenerationStats:
     new_tokens: int = 0             # per sequence, including the one prefill produced
     first_token_s: float = 0.0      # from the call to the first new token on the host
     decode_s: float = 0.0           # from the first new token to the last
+    graph_replays: int = 0          # cuda: CUDA-graph replays of sync_every steps among them
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -58,7 +60,8 @@ def generate(model, prompts: list[torch.Tensor], max_new_tokens: int, backend: s
              chunk_sizes: tuple[int, ...] = CHUNK_SIZES, sync_every: int | None = None):
     """prompts: B int32 [T_b] id tensors, of any lengths. See Model.generate. sync_every: new tokens
     kept on the device between host syncs (default 1 on the CPU, 8 on a GPU): the token feeds
-    the next step on the device; EOS and on_token are checked at each sync."""
+    the next step on the device; EOS and on_token are checked at each sync. On the cuda
+    backend those steps are one CUDA-graph replay (amk/models/device_loop.py)."""
     if sync_every is None:
         sync_every = 8 if model.device.type == "cuda" else 1
     for name, v in (("max_new_tokens", max_new_tokens), ("sync_every", sync_every)):
@@ -81,41 +84,67 @@ def generate(model, prompts: list[torch.Tensor], max_new_tokens: int, backend: s
     token = sampler.next(logits)
     step = model.jit(backend)
     pos = positions(lengths, model.device)
-    out: list[torch.Tensor] = []
-    all_logits: list[torch.Tensor] = []
-    done = torch.zeros(batch, dtype=torch.bool)
-    pending = [(token, logits)]       # new tokens still on the device, oldest first
+    col = _Collector(batch, max_new_tokens, eos_token_id, return_logits, on_token, stats, t0)
+    if col.add(token.cpu(), token, logits):
+        return col.result(step)
+    keep_logits = return_logits or on_token is not None
+    loop = device_loop(step, (model.params, token, pos, kv), sampler, token, sync_every,
+                       eos_token_id, keep_logits)
+    if loop is not None:      # the cuda backend: sync_every steps a CUDA graph replay
 
-    def flush() -> bool:
-        """Bring the pending tokens to the host (one sync); True once generation must stop."""
-        host = torch.stack([t for t, _ in pending]).cpu()
-        for k, (_, lg) in enumerate(pending):
-            out.append(host[k])
-            if len(out) == 1:
-                stats.first_token_s = time.perf_counter() - t0
-            if return_logits:
-                all_logits.append(lg.detach().reshape(batch, -1).float().cpu().clone())
-            if on_token is not None:
-                on_token(len(out) - 1, pending[k][0], lg)
-            if eos_token_id is not None:
-                done.copy_(done | (host[k] == eos_token_id))
-            if len(out) == max_new_tokens or bool(done.all()):
-                return True           # steps already run past this point are dropped
-        pending.clear()
-        return False
-
+        def take(host, dev, logit_slots) -> bool:
+            for k in range(host.shape[0]):
+                lg = logit_slots[k] if logit_slots is not None else None
+                tok = dev[k, 0].clone() if on_token is not None else None
+                if col.add(host[k, 0], tok, lg, host[k, 1].bool()):
+                    return True
+            return False
+        stats.decode_steps, stats.graph_replays = loop.run(max_new_tokens - 1, take)
+        return col.result(step)
+    pending = []              # (token, logits) of steps still on the device, oldest first
     while True:
-        if not out or len(pending) >= sync_every or len(out) + len(pending) >= max_new_tokens:
-            if flush():
-                break
+        if len(pending) >= sync_every or len(col.out) + len(pending) >= max_new_tokens:
+            host = torch.stack([t for t, _ in pending]).cpu()     # one sync
+            if any(col.add(host[k], t, lg) for k, (t, lg) in enumerate(pending)):
+                break         # steps already run past this point are dropped
+            pending.clear()
         greedy_ids, logits, kv = step(model.params, token, pos, kv)
         stats.decode_steps += 1
         token = sampler.next(logits, greedy_ids)
         pending.append((token, logits))
         pos += 1                      # on the device: the next step's input, no host copy
-    step.sync()                       # any asynchronous step's fault raises here at the latest
-    stats.new_tokens = len(out)
-    stats.decode_s = time.perf_counter() - t0 - stats.first_token_s
-    new = torch.stack(out, dim=1).tolist()
-    result = new[0] if batch == 1 else new
-    return (result, all_logits) if return_logits else result
+    return col.result(step)
+
+
+class _Collector:
+    """The new tokens on the host, in order: EOS, on_token, the logits kept, the stats."""
+
+    def __init__(self, batch, max_new_tokens, eos_token_id, return_logits, on_token, stats, t0):
+        self.batch, self.max_new, self.eos = batch, max_new_tokens, eos_token_id
+        self.return_logits, self.on_token, self.stats, self.t0 = return_logits, on_token, stats, t0
+        self.out: list[torch.Tensor] = []
+        self.all_logits: list[torch.Tensor] = []
+        self.done = torch.zeros(batch, dtype=torch.bool)
+
+    def add(self, host_tok, dev_tok, logits, done=None) -> bool:
+        """One new token per sequence (host int32 [B]); done: the device's EOS flags after it
+        (None: compared here). True once generation must stop."""
+        self.out.append(host_tok.clone())
+        if len(self.out) == 1:
+            self.stats.first_token_s = time.perf_counter() - self.t0
+        if self.return_logits:
+            self.all_logits.append(logits.detach().reshape(self.batch, -1).float().cpu().clone())
+        if self.on_token is not None:
+            self.on_token(len(self.out) - 1, dev_tok, logits)
+        if self.eos is not None:
+            self.done.copy_(done if done is not None else self.done | (host_tok == self.eos))
+        return len(self.out) == self.max_new or bool(self.done.all())
+
+    def result(self, step):
+        step.sync()                   # any asynchronous step's fault raises here at the latest
+        s = self.stats
+        s.new_tokens = len(self.out)
+        s.decode_s = time.perf_counter() - self.t0 - s.first_token_s
+        new = torch.stack(self.out, dim=1).tolist()
+        result = new[0] if self.batch == 1 else new
+        return (result, self.all_logits) if self.return_logits else result

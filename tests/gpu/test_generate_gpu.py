@@ -83,3 +83,98 @@ def test_asynchronous_deadlock_raises_at_sync_without_hanging(monkeypatch):
     cp.run({"x": torch.ones(8, device="cuda")})          # returns at once
     with pytest.raises(DeadlockError, match="waits_forever"):
         cp.check()
+
+
+# -- the device loop: sync_every steps of the cuda backend captured in one CUDA graph ----------
+def _per_step(monkeypatch):
+    """Generate without the device loop (the plain per-step path) inside this context."""
+    import amk.models.generate as g
+    monkeypatch.setattr(g, "device_loop", lambda *a, **k: None)
+
+
+def _graph_model(seed=3, max_seq=128):
+    from amk.models import from_hf
+    return from_hf(_tiny_hf(seed=seed), max_seq=max_seq)
+
+
+@pytest.mark.parametrize("kw", [{}, {"temperature": 1.5, "seed": 7},
+                                {"temperature": 1.0, "top_k": 5, "top_p": 0.9, "seed": 1}])
+def test_graph_loop_gives_the_per_step_tokens(monkeypatch, kw):
+    m = _graph_model()
+    ids = list(range(3, 40))
+    got = m.generate(ids, 45, backend="cuda", **kw)       # 44 steps: 1 eager, 5 replays, 3 eager
+    s = m.last_stats
+    assert s.graph_replays == 5 and s.decode_steps == 44 and len(got) == 45
+    with monkeypatch.context() as mp:
+        _per_step(mp)
+        ref = m.generate(ids, 45, backend="cuda", **kw)
+        assert m.last_stats.graph_replays == 0
+    assert got == ref
+    if not kw:
+        from amk.models.generate import generate
+        assert m.generate(ids, 45, backend="reference") == got   # exact greedy on the oracle too
+        two = [torch.tensor(ids, dtype=torch.int32), torch.tensor(ids[::-1], dtype=torch.int32)]
+        batch = generate(m, two, 20, backend="cuda")
+        assert m.last_stats.graph_replays == 2
+        with monkeypatch.context() as mp:
+            _per_step(mp)
+            assert generate(m, two, 20, backend="cuda") == batch
+
+
+def test_graph_loop_stops_at_eos_and_keeps_logits(monkeypatch):
+    m = _graph_model()
+    ids = list(range(5, 30))
+    greedy = m.generate(ids, 40, backend="cuda")
+    eos = greedy[21]                    # inside the third replay
+    cut = greedy[:greedy.index(eos) + 1]
+    assert m.generate(ids, 40, backend="cuda", eos_token_id=eos) == cut
+    assert m.last_stats.new_tokens == len(cut)
+    if len(cut) > 10:                   # the tiny model's tokens repeat: EOS may come early
+        assert m.last_stats.graph_replays >= 1
+    assert m.generate(ids, 40, backend="cuda", eos_token_id=greedy[0]) == greedy[:1]
+    seen = []
+    toks, logits = m.generate(ids, 20, backend="cuda", return_logits=True,
+                              on_token=lambda i, t, lg: seen.append((i, int(t[0]))))
+    assert m.last_stats.graph_replays == 2
+    with monkeypatch.context() as mp:
+        _per_step(mp)
+        ref_toks, ref_logits = m.generate(ids, 20, backend="cuda", return_logits=True)
+    assert toks == ref_toks == greedy[:20] and seen == list(enumerate(toks))
+    assert len(logits) == 20 and all(torch.equal(a, b) for a, b in zip(logits, ref_logits))
+    assert [int(lg.argmax()) for lg in logits] == toks
+
+
+def test_a_fault_inside_a_replay_raises_and_the_next_generate_runs():
+    from amk.models.device_loop import device_loop
+    from amk.models.sampling import Sampler, SamplingOptions
+    m = _graph_model(max_seq=64)
+    step = m.jit("cuda")
+    params, token, pos, kv = m.example_args()
+    pos.fill_(40)                       # 33 steps reach row 72 of a 64-row cache: replay 3
+    sampler = Sampler(SamplingOptions(), m.device)
+    loop = device_loop(step, (params, token, pos, kv), sampler, token, 8, None, False)
+    assert loop is not None
+    with pytest.raises(TraceError, match="KV_APPEND position"):
+        loop.run(33, lambda *a: False)
+    ids = list(range(3, 20))
+    assert m.generate(ids, 20, backend="cuda") == m.generate(ids, 20, backend="reference")
+
+
+def test_bad_inputs_still_raise_after_fast_calls():
+    m = _graph_model()
+    step = m.jit("cuda")
+    params, token, pos, kv = m.example_args()
+    a = step(params, token, pos, kv)[1].clone()
+    pos.fill_(0)
+    b = step(params, token, pos, kv)[1]                  # the fast path: same tensors
+    assert torch.equal(a, b)
+    exe, bindings = step.executable(params, token, pos, kv)
+    bad = dict(bindings)
+    bad["kv.0.k"] = torch.zeros(3, device="cuda", dtype=bindings["kv.0.k"].dtype)
+    with pytest.raises(TraceError, match="expects"):
+        exe.run(bad)
+    bad = dict(bindings)
+    bad["token"] = torch.zeros(1, dtype=torch.float32, device="cuda")
+    with pytest.raises(TraceError, match="expects"):
+        exe.run(bad)
+    step.sync()

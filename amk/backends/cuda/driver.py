@@ -23,9 +23,9 @@ def _drv():
 
 def check(ret, what: str):
     """Unpack a driver call's (CUresult, *values) and raise on any error."""
-    drv = _drv()
     err, rest = (ret[0], ret[1:]) if isinstance(ret, tuple) else (ret, ())
     if int(err) != 0:
+        drv = _drv()
         try:
             _, msg = drv.cuGetErrorString(err)
             msg = msg.decode() if isinstance(msg, bytes) else str(msg)
@@ -57,6 +57,7 @@ class Kernel:
         carve = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
         check(drv.cuFuncSetAttribute(self.func, carve, 100), "cuFuncSetAttribute(smem carveout)")
         self.dyn_smem = dyn_smem
+        self._last_args, self._last_stream = None, None
         dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
         self.sm_count = int(check(drv.cuDeviceGetAttribute(
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute"))
@@ -70,8 +71,15 @@ class Kernel:
             self.func, threads, self.dyn_smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
 
     def launch(self, grid: int, threads: int, stream_handle: int, arg_bytes: bytes) -> None:
-        buf = ctypes.create_string_buffer(arg_bytes, len(arg_bytes))
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        stream = self._drv.CUstream(stream_handle)
-        check(self._drv.cuLaunchKernel(self.func, grid, 1, 1, threads, 1, 1, self.dyn_smem, stream,
-                                       ctypes.addressof(params), 0), "cuLaunchKernel")
+        # The ctypes argument block and the stream object are rebuilt only when they change:
+        # cuLaunchKernel copies the arguments at the call, so reusing the block is safe.
+        if self._last_args is not arg_bytes:
+            buf = ctypes.create_string_buffer(arg_bytes, len(arg_bytes))
+            params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+            self._arg_block = (buf, params, ctypes.addressof(params))
+            self._last_args = arg_bytes
+        if self._last_stream != stream_handle:
+            self._stream = self._drv.CUstream(stream_handle)
+            self._last_stream = stream_handle
+        check(self._drv.cuLaunchKernel(self.func, grid, 1, 1, threads, 1, 1, self.dyn_smem,
+                                       self._stream, self._arg_block[2], 0), "cuLaunchKernel")

@@ -20,6 +20,10 @@ class FaultMirror:
     def __init__(self, state: torch.Tensor):
         self.state = state
         self.host = torch.zeros(state.shape, dtype=state.dtype, pin_memory=True)
+        # the fault and abort words, read through one numpy view (no per-call conversions)
+        self._words = self.host.numpy()
+        f = abi.STATE_DTYPE.fields
+        self._fault, self._abort = f["fault"][1] // 4, f["abort"][1] // 4
 
     def after_launch(self) -> None:
         """Enqueue the copy on the current stream, behind the launch (CUDA-graph capturable)."""
@@ -27,8 +31,8 @@ class FaultMirror:
 
     def faulted(self) -> bool:
         """Whether a mirrored state shows a fault or an abort (reads host memory only)."""
-        st = self.host.numpy().view(abi.STATE_DTYPE)[0]
-        return int(st["fault"]) != 0 or int(st["abort"]) != 0
+        w = self._words
+        return bool(w[self._fault]) or bool(w[self._abort])
 
     def clear(self) -> None:
         self.host.zero_()

@@ -8,6 +8,7 @@ step is exactly one launch on torch's current stream (``launch()`` is CUDA-graph
 """
 from __future__ import annotations
 
+import operator
 import time
 from typing import Mapping
 
@@ -121,6 +122,7 @@ class CudaProgram:
         self._bound_key: tuple | None = None
         self._poisoned = False
         self._args: bytes | None = None
+        self._bind_plan()
 
     def _addresses(self) -> np.ndarray:
         base = np.zeros(len(self.program.buffers), dtype=np.uint64)
@@ -155,12 +157,45 @@ class CudaProgram:
         self._args = args.tobytes()
 
     # ------------------------------------------------------------------ binding
+    def _bind_plan(self) -> None:
+        """Once: the buffers a step binds, and the binding key of each (its source path)."""
+        bound = [b for b in self.program.buffers if b.kind in _BOUND]
+        self._inputs = [(b, b.source or b.name) for b in self.program.buffers
+                        if b.kind == BufferKind.IO_INPUT]
+        self._bound_bufs = bound
+        self._bound_keys = [b.source or b.name for b in bound]
+        self._last_srcs: list | None = None     # the tensors bound last time, as given
+        self._last_ptrs: list | None = None
+        self._out_refs = [(bid, bid in {b.id for b in bound}, self.program.buffers[bid].kind)
+                          for bid in self.program.outputs]
+
     def _bind(self, bindings: Mapping[str, torch.Tensor]) -> None:
+        try:
+            srcs = list(map(bindings.__getitem__, self._bound_keys))
+        except KeyError:
+            srcs = None                         # the full check below names the missing key
+        # The same tensors at the same addresses as last time: their checks and the tables hold
+        # (identity plus data_ptr, so a tensor re-pointed in place, e.g. `.data = x`, rebinds).
+        same = (srcs is not None and self._last_srcs is not None and self._args is not None
+                and all(map(operator.is_, srcs, self._last_srcs))
+                and list(map(torch.Tensor.data_ptr, srcs)) == self._last_ptrs)
+        if not same:
+            self._bind_bound(bindings)
+        for b, key in self._inputs:
+            t = bindings.get(key)
+            if t is None:
+                raise TraceError(f"buffer {b.name!r} (IO_INPUT) needs a tensor bound to "
+                                 f"{key!r}; bindings has {sorted(bindings)[:12]}")
+            if t.dtype != b.dtype.torch or t.numel() != b.numel:
+                raise TraceError(f"buffer {b.name!r} expects {b.dtype.name}{list(b.shape)}, "
+                                 f"got {t.dtype}{list(t.shape)} for {key!r}")
+            self.buffers[b.id].copy_(t.reshape(b.shape), non_blocking=True)
+
+    def _bind_bound(self, bindings: Mapping[str, torch.Tensor]) -> None:
+        """Check every weight / const / kv binding and upload the tables if an address moved."""
         bound: dict[int, torch.Tensor] = {}
-        for b in self.program.buffers:
-            if b.kind not in _BOUND and b.kind != BufferKind.IO_INPUT:
-                continue
-            key = b.source or b.name
+        copied = False
+        for b, key in zip(self._bound_bufs, self._bound_keys):
             if key not in bindings:
                 raise TraceError(f"buffer {b.name!r} ({b.kind.name}) needs a tensor bound to "
                                  f"{key!r}; bindings has {sorted(bindings)[:12]}")
@@ -168,20 +203,42 @@ class CudaProgram:
             if t.dtype != b.dtype.torch or t.numel() != b.numel:
                 raise TraceError(f"buffer {b.name!r} expects {b.dtype.name}{list(b.shape)}, "
                                  f"got {t.dtype}{list(t.shape)} for {key!r}")
-            if b.kind == BufferKind.IO_INPUT:
-                self.buffers[b.id].copy_(t.reshape(b.shape), non_blocking=True)
-                continue
             if t.device != self.device or not t.is_contiguous() or t.data_ptr() % 16:
                 if b.kind == BufferKind.KV_CACHE:
                     raise TraceError(f"KV cache {key!r} must be a contiguous, 16-byte aligned "
                                      f"tensor on {self.device} (it is updated in place)")
                 t = t.to(self.device).contiguous().clone()
+                copied = True
             bound[b.id] = t
         key = tuple(sorted((i, t.data_ptr()) for i, t in bound.items()))
         self._bound = bound
         if key != self._bound_key or self._args is None:
             self._upload_tables()
             self._bound_key = key
+        # A weight copied to the device is copied again next time (it may have changed)
+        srcs = None if copied else [bindings[k] for k in self._bound_keys]
+        self._last_srcs = srcs
+        self._last_ptrs = None if copied else [t.data_ptr() for t in srcs]
+
+    def bind(self, bindings: Mapping[str, torch.Tensor]) -> None:
+        """Check and bind a step's tensors without launching: the inputs are copied into the
+        program's own input buffers (input_buffer()), which a captured loop then updates."""
+        with torch.cuda.device(self.device):
+            self._before_step()
+            self._bind(bindings)
+
+    def input_buffer(self, source: str) -> torch.Tensor:
+        """The program's own buffer of the IO_INPUT bound to `source` (fixed address)."""
+        for b, key in self._inputs:
+            if key == source:
+                return self.buffers[b.id]
+        raise KeyError(f"program {self.program.name!r} has no input bound to {source!r}")
+
+    def output_buffers(self) -> list[torch.Tensor]:
+        """The tensors of program.outputs as the kernel writes them, not cloned: the next
+        launch overwrites them (for a captured loop that copies what it keeps)."""
+        return [self._bound[bid] if is_bound else self.buffers[bid]
+                for bid, is_bound, _ in self._out_refs]
 
     # ------------------------------------------------------------------ running
     def reset(self) -> None:
@@ -193,9 +250,16 @@ class CudaProgram:
         self._poisoned = False
 
     def launch(self) -> None:
-        """One decode step: one kernel launch on torch's current stream, nothing else."""
+        """One decode step: one kernel launch on torch's current stream, nothing else (so a
+        stream capture records it: torch.cuda.graph makes its capture stream current)."""
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernel.launch(self.grid, self.nthreads, stream, self._args)
+
+    def _before_step(self) -> None:
+        if self._poisoned:
+            self.reset()
+        elif self.fault_mirror.faulted():
+            self.check()                 # an earlier asynchronous step faulted: raise it
 
     def run(self, bindings: Mapping[str, torch.Tensor], check: bool | None = None) -> list[torch.Tensor]:
         """One step. check (default: sync_each_run) synchronises and raises this step's fault;
@@ -203,10 +267,7 @@ class CudaProgram:
         raising here first (seen in the pinned mirror, then reported by check())."""
         check = self.sync_each_run if check is None else check
         with torch.cuda.device(self.device):
-            if self._poisoned:
-                self.reset()
-            elif self.fault_mirror.faulted():
-                self.check()                 # an earlier asynchronous step faulted: raise it
+            self._before_step()
             self._bind(bindings)
             self.launch()
             if check:
@@ -301,13 +362,6 @@ class CudaProgram:
                   "the program with amk.validate. The program's state was reset for the next run.")
 
     def _outputs(self) -> list[torch.Tensor]:
-        res = []
-        for bid in self.program.outputs:
-            b = self.program.buffers[bid]
-            if b.id in self._bound:
-                res.append(self._bound[b.id])
-            elif b.kind == BufferKind.IO_INPUT:
-                res.append(self.buffers[b.id])
-            else:
-                res.append(self.buffers[b.id].clone())
-        return res
+        return [self._bound[bid] if is_bound else self.buffers[bid]
+                if kind == BufferKind.IO_INPUT else self.buffers[bid].clone()
+                for bid, is_bound, kind in self._out_refs]

@@ -1,0 +1,139 @@
+"""The cuda backend's decode loop on the device: `sync_every` steps captured in one CUDA graph.
+
+A captured step is: the megakernel's launch (it reads the program's own token and pos input
+buffers and the bound kv caches: fixed addresses, which the graph bakes), the sampler on the
+step's ids / logits, the new token written into the token buffer, pos += 1 in place, the EOS
+flag (done |= token == eos) and the step's slot of tokens and flags (and of logits, when kept).
+The host replays the graph, copies the slots to pinned memory and syncs once per replay to
+stream the tokens, keeping the next replay in flight while it reads the last one (not when
+logits are kept or on_token is given: those read the device slots before the next replay).
+
+The first step runs eagerly: it warms the sampler's kernels on the loop's stream before the
+capture (torch's advice), and its token is a real one. Steps that do not fill a replay run
+eagerly too, so no step runs past max_new_tokens (no cache row past max_seq). The fault word
+is mirrored into pinned memory after every replay and read after its sync (no fault lost; the
+kernel's watchdog still turns a stuck schedule into a fault).
+"""
+from __future__ import annotations
+
+import warnings
+from collections import deque
+
+import torch
+
+
+class DeviceLoop:
+    def __init__(self, exe, bindings, out_shapes, sampler, token0: torch.Tensor, steps: int,
+                 eos: int | None, keep_logits: bool):
+        self.exe, self.sampler, self.steps, self.eos = exe, sampler, steps, eos
+        exe.bind(bindings)                     # the checks; token and pos land in exe's buffers
+        self.token_in = exe.input_buffer("token")
+        self.pos_in = exe.input_buffer("pos")
+        outs = exe.output_buffers()
+        self.ids, self.logits = outs[0].view(out_shapes[0]), outs[1].view(out_shapes[1])
+        batch, dev = token0.numel(), exe.device
+        self.slots = torch.zeros(steps, 2, batch, dtype=torch.int32, device=dev)  # token, done
+        self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
+        if eos is not None:
+            self.done.copy_(token0.reshape(-1) == eos)     # the prefill's token may be EOS
+        self.logit_slots = (torch.empty((steps, *self.logits.shape), dtype=self.logits.dtype,
+                                        device=dev) if keep_logits else None)
+        self.host = [torch.zeros(steps, 2, batch, dtype=torch.int32, pin_memory=True)
+                     for _ in range(2)]
+        self.graph = None
+
+    def _step(self, k: int) -> None:
+        """Step k of a replay: only stream work on fixed tensors (capturable)."""
+        self.exe.launch()
+        tok = self.sampler.next(self.logits, self.ids)
+        self.token_in.copy_(tok.reshape(self.token_in.shape))
+        self.pos_in.add_(1)
+        self.slots[k, 0].copy_(tok)
+        if self.eos is not None:
+            self.done.logical_or_(tok == self.eos)
+            self.slots[k, 1].copy_(self.done)
+        if self.logit_slots is not None:
+            self.logit_slots[k].copy_(self.logits)
+
+    def _enqueue(self, n: int, host: torch.Tensor) -> torch.cuda.Event:
+        if n == self.steps and self.graph is not None:
+            self.graph.replay()
+        else:
+            for k in range(n):
+                self._step(k)
+        host.copy_(self.slots, non_blocking=True)
+        self.exe.fault_mirror.after_launch()
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def _wait(self, ev: torch.cuda.Event) -> None:
+        ev.synchronize()
+        if self.exe.fault_mirror.faulted():
+            self.exe.check()                   # synchronises and raises the full report
+
+    def _capture(self) -> None:
+        g = torch.cuda.CUDAGraph()
+        try:
+            g.capture_begin()
+            try:
+                for k in range(self.steps):
+                    self._step(k)
+            finally:
+                g.capture_end()
+        except Exception as e:                 # eager steps still give the same tokens
+            warnings.warn(f"amk generate: capturing {self.steps} decode steps in a CUDA graph "
+                          f"failed ({type(e).__name__}: {e}); running them one by one")
+            return
+        self.graph = g
+
+    def run(self, n: int, take) -> tuple[int, int]:
+        """Run n steps; take(host slots [k, 2, B], device slots, logit slots) is called per
+        synced chunk and returns True to stop. -> (steps run, graph replays)."""
+        stream = torch.cuda.Stream(self.exe.device)
+        stream.wait_stream(torch.cuda.current_stream(self.exe.device))
+        ran = replays = 0
+        try:
+            with torch.cuda.device(self.exe.device), torch.cuda.stream(stream):
+                self._wait(self._enqueue(1, self.host[0]))      # the warm-up step
+                ran = 1
+                if take(self.host[0][:1], self.slots[:1], self.logit_slots):
+                    return ran, replays
+                q, r = divmod(n - 1, self.steps)
+                if q:
+                    stream.synchronize()
+                    self._capture()
+                depth = 0 if self.logit_slots is not None else 1
+                chunks = [self.steps] * q + ([r] if r else [])
+                pending = deque()
+                for j, c in enumerate(chunks):
+                    pending.append((c, self.host[j % 2], self._enqueue(c, self.host[j % 2])))
+                    ran += c
+                    replays += c == self.steps and self.graph is not None
+                    while len(pending) > depth:
+                        c0, h0, ev = pending.popleft()
+                        self._wait(ev)
+                        if take(h0[:c0], self.slots[:c0], self.logit_slots):
+                            return ran, replays
+        finally:
+            stream.synchronize()               # nothing in flight once generate returns
+            torch.cuda.current_stream(self.exe.device).wait_stream(stream)
+        return ran, replays
+
+
+def device_loop(step, args, sampler, token0, steps: int, eos: int | None, keep_logits: bool):
+    """A DeviceLoop for the jitted decode step on these args when it runs on the cuda backend
+    (a CudaProgram with token and pos inputs); None: use the per-step loop."""
+    params, token, pos, kv = args
+    if token.device.type != "cuda":
+        return None
+    from amk.backends.cuda.runtime import CudaProgram
+    exe, bindings = step.executable(params, token, pos, kv)
+    if not isinstance(exe, CudaProgram) or len(exe.program.outputs) < 2:
+        return None
+    try:
+        exe.input_buffer("token"), exe.input_buffer("pos")
+    except KeyError:
+        return None
+    shapes = [tuple(v.aval.shape) for v in step.lower(params, token, pos, kv).graph.outputs]
+    return DeviceLoop(exe, bindings, shapes, sampler, token0, steps, eos, keep_logits)
