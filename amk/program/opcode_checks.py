@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Task
-from amk.program.recipe import recipe_errors
+from amk.program.recipe import parse_recipe, recipe_errors
 from amk.program.regions import NEW_KV, PARTIAL_WRITE
 
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
@@ -345,8 +345,13 @@ def _dequant(c: _Ctx) -> None:
 
 
 def _fused(c: _Ctx) -> None:
-    for msg in recipe_errors(c.p.get("recipe"), len(c.ins), len(c.outs)):
+    msgs = recipe_errors(c.p.get("recipe"), len(c.ins), len(c.outs))
+    for msg in msgs:
         c.bad(f"malformed recipe: {msg}")
+    # a cross-rank collective must stay its own task: peers match collective tasks by order
+    if not msgs and any(st.op == K.ALLREDUCE_SHARD and "world" in st.params
+                        for st in parse_recipe(c.p.get("recipe")).steps):
+        c.bad("a cross-rank ALLREDUCE_SHARD (rank/world params) cannot be a recipe step")
 
 
 def _nothing(c: _Ctx) -> None:

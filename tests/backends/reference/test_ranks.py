@@ -10,6 +10,7 @@ from amk.backends.reference.ranks import run_ranks
 from amk.errors import BackendUnavailable, DeadlockError, TraceError, ValidationError
 from amk.ops import RankGroup
 from amk.program.collectives import collective_tasks
+from amk.program.ir import InstructionKind as K
 
 
 def rank_fn(group, n_reduce=1, argmax=False):
@@ -119,3 +120,14 @@ def test_op_errors():
         amk.jit(bad_group).lower(torch.ones(1, 4))
     with pytest.raises(TraceError, match="0 <= rank < world"):
         RankGroup(2, 2)
+
+
+def test_validate_refuses_a_collective_inside_a_fused_recipe():
+    from amk.program.recipe import INPUT, OUTPUT, Operand, Recipe, Step
+    prog = rank_fn(RankGroup(0, 2)).lower(torch.ones(1, 8)).program
+    t = collective_tasks(prog)[0]
+    step = Step(t.op, (Operand(INPUT, 0),), Operand(OUTPUT, 0), dict(t.params))
+    fused = t.with_(op=K.FUSED, params={"recipe": Recipe((step,))})
+    bad = prog.with_(tasks=tuple(fused if u.id == t.id else u for u in prog.tasks))
+    result = amk.validate(bad)
+    assert not result.ok and "cannot be a recipe step" in result.report()
