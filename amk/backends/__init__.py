@@ -24,6 +24,7 @@ def make_executable(program: Program, backend: str, device: torch.device, cuda_o
                     vm_timeout_s: float | None = None):
     """cuda_options: the CUDA backend's CudaOptions (None: its defaults); vm_timeout_s: the
     reference VM's wall-clock limit per run (None: its default)."""
+    _refuse_collectives(program, backend)
     if backend == "reference":
         from amk.backends.reference.vm import DEFAULT_TIMEOUT_S, ReferenceVM
         return ReferenceVM(program, device=device, timeout_s=vm_timeout_s or DEFAULT_TIMEOUT_S)
@@ -48,3 +49,18 @@ def make_executable(program: Program, backend: str, device: torch.device, cuda_o
         # On a GPU the step is captured once in a CUDA graph and replayed (no per-launch gaps).
         return TritonProgram(program, device=device, capture_graph=device.type == "cuda")
     raise BackendUnavailable(f"unknown backend {backend!r}: choose reference, cuda or triton")
+
+
+def _refuse_collectives(program: Program, backend: str) -> None:
+    """A rank program's all-reduces need its peers: the GPU backends run one device's program
+    alone, so they would compute one rank's part as if it were the sum."""
+    from amk.program.collectives import collective_tasks
+    coll = collective_tasks(program)
+    if backend != "reference" and coll:
+        t = coll[0]
+        raise BackendUnavailable(
+            f"backend {backend!r} cannot run program {program.name!r}: task {t.id} {t.name!r} is "
+            f"a cross-rank all-reduce (rank {t.params.get('rank')} of {t.params.get('world')}); "
+            f"tensor-parallel programs run on the reference backend's rank simulator "
+            f"(Model.shard(n)); the multi-GPU all-reduce is not implemented yet "
+            f"(docs/TENSOR_PARALLEL.md)")

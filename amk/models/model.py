@@ -85,6 +85,12 @@ class Model:
     def step(self):
         return self.jit(None)
 
+    def shard(self, n: int, order: str = "program", seed: int = 0):
+        """Tensor parallelism over n ranks (Megatron-style, amk/models/shard.py): a ShardedModel
+        whose n rank programs run together on the reference backend's rank simulator."""
+        from amk.models.shard import ShardedModel
+        return ShardedModel(self, n, order, seed)
+
     LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
     def quantize(self, fmt: str | None = None, bits: int = 8, group: int = 128,

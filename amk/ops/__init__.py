@@ -17,12 +17,13 @@ from amk import trace as _trace
 from amk.errors import TraceError
 from amk.graph import Aval
 from amk.ops import rules
+from amk.ops.group import RankGroup
 from amk.program.ir import DType
 from amk.quant import QuantizedWeight
 
 __all__ = ["embed", "rmsnorm", "layernorm", "linear", "rope", "attention", "kv_update",
            "silu_mul", "gelu", "add", "sub", "mul", "tanh", "softcap", "softmax", "argmax",
-           "dequant", "allreduce", "reshape", "cast", "slice", "concat"]
+           "dequant", "allreduce", "reshape", "cast", "slice", "concat", "RankGroup"]
 
 
 def _args(op: str, named: Sequence[tuple[str, Any]]):
@@ -209,18 +210,45 @@ def softmax(x):
     return _elementwise("softmax", ("x",), (x,))
 
 
-def argmax(logits):
-    """Greedy token: argmax over the last axis of logits [B, V] -> int32 [B]."""
+def argmax(logits, group: RankGroup | None = None):
+    """Greedy token: argmax over the last axis of logits [B, V] -> int32 [B].
+
+    With a group, logits is this rank's vocab slice [B, V/world] (rank r holds columns
+    [r*V/world, (r+1)*V/world)) and the result is the global argmax over every rank's slice,
+    the same token on every rank, lowest index on ties (as unsharded). Only (max, index) pairs
+    cross ranks: a MAXLOC all-reduce."""
     c, ctx, (lt,) = _args("argmax", [("logits", logits)])
-    return _bind(ctx, c, "argmax", [lt], {}, rules.argmax(c, lt.aval))
+    params = _group_params(c, group)
+    return _bind(ctx, c, "argmax", [lt], params, rules.argmax(c, lt.aval))
 
 
-def allreduce(shards: Sequence):
-    """Sum of tensor-parallel shards (on one device: the all-reduce's result)."""
+def allreduce(shards, group: RankGroup | None = None):
+    """Sum of tensor-parallel partial sums.
+
+    allreduce([x0, x1, ...]): the shards are all on this device (the single-device identity).
+    allreduce(x, group): x is this rank's partial sum; every rank of the group gets the sum of
+    all ranks' x (summed in rank order, so every rank holds the same bits)."""
+    if group is not None:
+        c, ctx, (xt,) = _args("allreduce", [("x", shards)])
+        params = _group_params(c, group)
+        aval = rules.allreduce(c, [xt.aval])
+        return _bind(ctx, c, "allreduce", [xt], params, aval)
+    if isinstance(shards, _trace.Tracer):
+        raise TraceError(f"amk.ops.allreduce: one tensor needs group=amk.ops.RankGroup(rank, "
+                         f"world) (a cross-rank all-reduce); shards on one device come as a list "
+                         f"(at {_trace.user_source_line()})")
     names = tuple(f"shards[{i}]" for i in range(len(shards)))
     c, ctx, ts = _args("allreduce", list(zip(names, shards)))
     aval = rules.allreduce(c, [t.aval for t in ts])
     return _bind(ctx, c, "allreduce", ts, {}, aval)
+
+
+def _group_params(c, group) -> dict:
+    if group is None:
+        return {}
+    if not isinstance(group, RankGroup):
+        c.fail("group", f"must be an amk.ops.RankGroup(rank, world), got {type(group).__name__}")
+    return group.params()
 
 
 def reshape(x, shape: Sequence[int]):

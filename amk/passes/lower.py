@@ -58,6 +58,14 @@ def _slice(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
     return K.COPY, {"x_off": p["start"], "n_off": 0, "N_tile": p["stop"] - p["start"]}
 
 
+def _argmax(e: Eqn, ins: list[Var]) -> tuple[K, dict]:
+    # with a rank group: the cross-rank MAXLOC all-reduce (amk/program/collectives.py)
+    p = e.p
+    if "world" in p:
+        return K.ALLREDUCE_SHARD, {"rank": p["rank"], "world": p["world"], "reduce": "maxloc"}
+    return K.SAMPLE_ARGMAX, {}
+
+
 def _simple(op: K, keep: tuple[str, ...] = ()) -> Callable:
     return lambda e, ins: (op, {k: v for k, v in e.params if k in keep})
 
@@ -79,8 +87,8 @@ LOWERING: dict[str, Callable[[Eqn, list[Var]], tuple[K, dict]]] = {
     "add": _simple(K.ADD),
     "mul": _simple(K.MUL, ("scale",)),
     "softmax": _simple(K.SOFTMAX),
-    "argmax": _simple(K.SAMPLE_ARGMAX),
-    "allreduce": _simple(K.ALLREDUCE_SHARD),
+    "argmax": _argmax,
+    "allreduce": _simple(K.ALLREDUCE_SHARD, ("rank", "world")),
     "cast": _simple(K.COPY),
     "reshape": _simple(K.COPY),     # columns change meaning, so the new shape gets its own buffer
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Task
-from amk.program.recipe import recipe_errors
+from amk.program.recipe import parse_recipe, recipe_errors
 from amk.program.regions import NEW_KV, PARTIAL_WRITE
 
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
@@ -316,6 +316,27 @@ def _argmax(c: _Ctx) -> None:
     c.numel(c.outs[0], c.ins[0].numel // c.ins[0].cols, "output")
 
 
+def _allreduce(c: _Ctx) -> None:
+    if "world" not in c.p and "rank" not in c.p and "reduce" not in c.p:
+        _all_same(c)                       # the seed's single-device sum of shards
+        return
+    # a cross-rank collective (amk/program/collectives.py): one input, this rank's part
+    world = c.int_("world", lo=1)
+    rank = c.int_("rank", lo=0)
+    if rank >= world:
+        c.bad(f"param 'rank'={rank} must be < world={world}")
+    if len(c.ins) != 1:
+        c.bad(f"a cross-rank all-reduce takes one input (this rank's part), got {len(c.ins)}")
+        raise _Bad
+    reduce = c.p.get("reduce", "sum")
+    if reduce == "maxloc":
+        _argmax(c)
+    elif reduce == "sum":
+        _same_numel(c, 0)
+    else:
+        c.bad(f"param 'reduce'={reduce!r} must be 'sum' or 'maxloc'")
+
+
 def _dequant(c: _Ctx) -> None:
     c.int_("group", lo=1)
     c.int_("K", c.outs[0].cols, lo=1)
@@ -324,8 +345,13 @@ def _dequant(c: _Ctx) -> None:
 
 
 def _fused(c: _Ctx) -> None:
-    for msg in recipe_errors(c.p.get("recipe"), len(c.ins), len(c.outs)):
+    msgs = recipe_errors(c.p.get("recipe"), len(c.ins), len(c.outs))
+    for msg in msgs:
         c.bad(f"malformed recipe: {msg}")
+    # a cross-rank collective must stay its own task: peers match collective tasks by order
+    if not msgs and any(st.op == K.ALLREDUCE_SHARD and "world" in st.params
+                        for st in parse_recipe(c.p.get("recipe")).steps):
+        c.bad("a cross-rank ALLREDUCE_SHARD (rank/world params) cannot be a recipe step")
 
 
 def _nothing(c: _Ctx) -> None:
@@ -358,7 +384,7 @@ OPCODES: dict[K, tuple[tuple[int, int], tuple[int, int], Callable[[_Ctx], None]]
     K.SOFTMAX: ((1, 1), (1, 1), _all_same),
     K.KV_APPEND: ((2, 2), (1, 1), _kv_append),
     K.SAMPLE_ARGMAX: ((1, 1), (1, 1), _argmax),
-    K.ALLREDUCE_SHARD: ((1, ANY), (1, 1), _all_same),
+    K.ALLREDUCE_SHARD: ((1, ANY), (1, 1), _allreduce),
     K.FUSED: ((0, ANY), (1, ANY), _fused),
 }
 

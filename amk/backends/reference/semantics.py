@@ -123,7 +123,19 @@ def op_softmax(inputs, outputs, params, ctx):
 
 
 def op_allreduce_shard(inputs, outputs, params, ctx):
-    """Sum of the shards (the single-device identity of a tensor-parallel all-reduce)."""
+    """Sum of the shards (the single-device identity of a tensor-parallel all-reduce). A
+    cross-rank one (params rank/world, amk/program/collectives.py) needs its peers: only a
+    world of one runs here; more run under the rank simulator (reference/ranks.py)."""
+    if "world" in params:
+        world = int(params["world"])
+        if world != 1:
+            raise ValidationError(
+                f"ALLREDUCE_SHARD of rank {params.get('rank')} in a world of {world} ranks needs "
+                f"its peers' parts: run the {world} rank programs together with "
+                f"amk.backends.reference.ranks.run_ranks (ShardedModel does)")
+        from amk.backends.reference.semantics_collective import reduce_ranks
+        reduce_ranks(params.get("reduce", "sum"), inputs, outputs)
+        return
     out = outputs[0]
     acc = f32(inputs[0]).reshape(out.shape).clone()
     for t in inputs[1:]:
