@@ -70,7 +70,15 @@ def bench_amk(m, ids, new: int, backend: str) -> dict:
     m.generate(ids, 4, backend=backend)                  # compiles every program it needs
     m.generate(ids, new, backend=backend)
     s = m.last_stats
+    from amk.models.prefill import Chunk, chunk_args
+    step, kv = m.prefill_jit(backend), m.new_kv()
+    tasks = {c.size: len(step.lower(*chunk_args(m, Chunk(0, c.size, c.size), kv)).program.tasks)
+             for c in s.prefill_chunks}                  # compiled already: the jit's cache
+    exes = [e for e in step._executables.values() if hasattr(e, "captures") and   # chunks only
+            next(b.shape[0] for b in e.program.buffers if b.source == "token") > 1]
     return {f"amk_{backend}_first_token_ms": s.first_token_s * 1e3,
+            f"amk_{backend}_prefill_chunk_tasks": {str(k): v for k, v in tasks.items()},
+            f"amk_{backend}_prefill_graph_captures": sum(e.captures for e in exes),
             f"amk_{backend}_ms_per_token": s.decode_s / max(s.decode_steps, 1) * 1e3,
             f"amk_{backend}_prefill_chunks": [c.size for c in s.prefill_chunks],
             f"amk_{backend}_decode_steps": s.decode_steps}
@@ -179,6 +187,11 @@ def print_table(r: dict) -> None:
             ("torch.compile step (CUDA graph)", None, "torch_compile_graph_ms_per_token")]:
         cells = [f"{r[k]:>15.2f}" if k in r else f"{'-':>15}" for k in (first, per)]
         print(f"{label:<34} " + " ".join(cells))
+    for be in ("cuda", "triton"):
+        if f"amk_{be}_prefill_chunks" in r:
+            print(f"  AMK {be}: prefill chunks {r[f'amk_{be}_prefill_chunks']}, tasks per chunk "
+                  f"program {r[f'amk_{be}_prefill_chunk_tasks']}, CUDA graph captures "
+                  f"of chunk programs so far {r[f'amk_{be}_prefill_graph_captures']}")
     for k, v in r.items():
         if k.endswith("_error"):
             print(f"  {k}: {v}")
