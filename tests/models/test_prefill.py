@@ -162,3 +162,12 @@ def test_batched_prompts_prefill_each_sequence():
     assert model.generate(ids, 6, backend="reference") == want
     assert [c.size for c in model.last_stats.prefill_chunks] == [16, 16, 16, 16]
 
+
+
+def test_a_rest_of_3_4_of_a_chunk_runs_as_one_padded_chunk_with_transformers_tokens():
+    hf = tiny_llama(seed=5)
+    ids = torch.randint(0, VOCAB, (120,), generator=torch.Generator().manual_seed(8))
+    want = hf_greedy(hf, ids, 4)
+    model = from_hf(hf, max_seq=160)
+    assert model.generate(ids, 4, backend="reference") == want
+    assert [(c.size, c.tokens) for c in model.last_stats.prefill_chunks] == [(128, 120)]

@@ -132,7 +132,9 @@ class TritonProgram:
             self._graph = self._graphs[key]
             self._graph.replay()
         else:
-            self._run_tasks()                        # the step itself, and every kernel compiled
+            # eagerly first: the step itself, and every kernel compiled (a new address can be a
+            # new specialization) before the capture, which must not compile
+            self._run_tasks()
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -141,7 +143,12 @@ class TritonProgram:
                 self._graphs.pop(next(iter(self._graphs)))
             self._graphs[key] = self._graph = graph
             self.captures += 1
-        return self._outputs()
+        out = self._outputs()
+        # Bound tensors are the caller's: holding them would keep a finished generate call's
+        # cache alive, so the next call's cache could never reuse its addresses (and graph).
+        for b in self._bound:
+            self._slots[b.id] = None
+        return out
 
     def replay(self) -> None:
         """Replay the captured step as is (same inputs): for benchmarks."""
