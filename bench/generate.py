@@ -70,7 +70,22 @@ def bench_amk(m, ids, new: int, backend: str) -> dict:
     m.generate(ids, 4, backend=backend)                  # compiles every program it needs
     m.generate(ids, new, backend=backend)
     s = m.last_stats
+    from amk.models.prefill import Chunk, chunk_args
+    step, kv = m.prefill_jit(backend), m.new_kv()
+    tasks = {c.size: len(step.lower(*chunk_args(m, Chunk(0, c.size, c.size), kv)).program.tasks)
+             for c in s.prefill_chunks}                  # compiled already: the jit's cache
+    exes = {next(b.shape[0] for b in e.program.buffers if b.source == "token"): e
+            for e in step._executables.values() if hasattr(e, "captures")}
+    exes = {rows: e for rows, e in exes.items() if rows > 1}            # the chunk programs
+    captures = sum(e.captures for e in exes.values())    # in the two generate calls
+    replay = {}          # GPU time of one chunk: its graph replayed alone (host time excluded)
+    for rows, e in sorted(exes.items()):
+        step(*chunk_args(m, Chunk(0, rows, rows), kv))  # its graph now writes this live cache
+        replay[str(rows)] = _replay_ms(e)
     row = {f"amk_{backend}_first_token_ms": s.first_token_s * 1e3,
+           f"amk_{backend}_prefill_chunk_tasks": {str(k): v for k, v in tasks.items()},
+           f"amk_{backend}_prefill_graph_captures": captures,
+           f"amk_{backend}_prefill_replay_ms": replay,
            f"amk_{backend}_ms_per_token": s.decode_s / max(s.decode_steps, 1) * 1e3,
            f"amk_{backend}_prefill_chunks": [c.size for c in s.prefill_chunks],
            f"amk_{backend}_decode_steps": s.decode_steps,
@@ -97,6 +112,17 @@ def bench_call(m, ctx: int, iters: int = 50) -> dict:
     kernel = graph_ms(step, (params, token, pos, kv), iters)
     return {"amk_cuda_kernel_ms": kernel, "amk_cuda_call_ms": call,
             "amk_cuda_call_overhead_us": (call - kernel) * 1e3, "amk_cuda_call_host_us": host * 1e6}
+
+
+def _replay_ms(exe, n: int = 5) -> float:
+    exe.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        exe.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
 
 
 def bench_hf(hf, ids, new: int) -> dict:
@@ -209,6 +235,12 @@ def print_table(r: dict) -> None:
               f"(+{r['amk_cuda_call_overhead_us']:.0f} us; host {r['amk_cuda_call_host_us']:.0f} us "
               f"a call); generate / kernel {per / r['amk_cuda_kernel_ms']:.3f}x "
               f"({r.get('amk_cuda_graph_replays', 0)} graph replays)")
+    for be in ("cuda", "triton"):
+        if f"amk_{be}_prefill_chunks" in r:
+            print(f"  AMK {be}: prefill chunks {r[f'amk_{be}_prefill_chunks']}, tasks per chunk "
+                  f"program {r[f'amk_{be}_prefill_chunk_tasks']}, CUDA graph captures "
+                  f"of chunk programs so far {r[f'amk_{be}_prefill_graph_captures']}, GPU ms "
+                  f"per chunk replay {r[f'amk_{be}_prefill_replay_ms']}")
     for k, v in r.items():
         if k.endswith("_error"):
             print(f"  {k}: {v}")

@@ -4,8 +4,11 @@ The block is the decode step itself, traced with T rows: token ids int32 [T] and
 [T] (row t at position pos[t]); rope, kv_update and attention then treat each row at its own
 position, attention causal over the cache (docs/PROGRAM.md). Each block size is one compiled
 program, so a prompt is cut into chunks of a few fixed sizes (`CHUNK_SIZES`): full chunks of the
-largest, then of smaller sizes, and the last few tokens (fewer than the smallest size) as one
-chunk of the smallest size, padded. Padding rows sit at
+largest, then of smaller sizes; a rest that fills at least 3/4 of a size runs as one chunk of that
+size, padded (a chunk costs a fixed ~276 launches plus one read of the weights on the triton
+backend, a padding row only its compute), and the last few tokens (fewer than the smallest
+size) as one chunk of the smallest size, padded. A 1000-token prompt: 512 + 512 (488 real), not
+7 x 128 + 7 x 16. Padding rows sit at
 positions past the prompt: causal attention keeps them out of every real row, and the decode
 steps that follow overwrite their cache rows before anything reads them (a decode step at pos p
 writes row p and reads rows <= p).
@@ -18,7 +21,8 @@ import torch
 
 from amk.errors import TraceError
 
-CHUNK_SIZES = (128, 16)      # compiled block sizes; 1 (the decode step) is always available
+CHUNK_SIZES = (512, 128, 16)   # compiled block sizes; 1 (the decode step) is always available
+PAD_FRACTION = 4               # a padded chunk is at most 1/4 padding (besides the smallest size's)
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,9 @@ def plan_chunks(n_tokens: int, start: int, max_seq: int,
     smallest = min(s for s in sizes if s > 1) if len(sizes) > 1 else 1
     while left > 0:
         size = real = next(s for s in sizes if s <= left)     # unpadded while a size fits
-        if left < smallest and pos + smallest <= max_seq:     # the last few: one padded chunk
-            size, real = smallest, left
+        up = min((s for s in sizes if s > left and pos + s <= max_seq), default=None)
+        if up is not None and (up == smallest or up - left <= up // PAD_FRACTION):
+            size, real = up, left                             # the rest: one padded chunk
         chunks.append(Chunk(pos, size, real))
         pos += real
         left -= real

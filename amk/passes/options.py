@@ -19,6 +19,9 @@ class Target:
     max_tile_bytes: int = 256 << 10  # weight bytes a GEMV tile streams at most (see tile.py)
     min_tile_cols: int = 16         # tile widths are multiples of this (one MMA/warp row block)
     task_overhead_ns: float = 1500.0  # counter wait + dispatch + activation reads per task (H200, measured 2026: several us)
+    # Each task is one kernel launch whose grid spreads the op over the device (the triton
+    # backend): tile and split_kv keep every op whole (no column tiles, no kv-group tasks).
+    whole_ops: bool = False
 
     def with_(self, **kw) -> "Target":
         return replace(self, **kw)
@@ -36,7 +39,7 @@ CPU = Target("CPU", num_sms=4, smem_bytes=1 << 20, mem_bw=50e9, flops=200e9,
 # One kernel launch per task (the triton backend): one worker, whole-op tasks, no tiling; each
 # launch spreads over the GPU by itself, so splitting an op would only add launches.
 LAUNCH = Target("LAUNCH", num_sms=1, smem_bytes=227 << 10, max_tile_bytes=1 << 62,
-                task_overhead_ns=3000.0)
+                task_overhead_ns=3000.0, whole_ops=True)
 
 TARGETS = {t.name: t for t in (H200, H100, CPU, LAUNCH)}
 

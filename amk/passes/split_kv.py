@@ -11,7 +11,8 @@ ATTENTION_COMBINE per group merges its P partials into the group's heads of the 
 over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
 
 P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
-no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group.
+no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group,
+or the one task as it is on a `whole_ops` target (one launch already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
 """
 from __future__ import annotations
@@ -57,7 +58,7 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         start = int(p.get("kv_start", 0))
         length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
         P = shard_count(length, groups, opts)
-        if groups == 1 and P == 1:
+        if P == 1 and (groups == 1 or opts.target.whole_ops):
             out.append(t)
             continue
         changed = True

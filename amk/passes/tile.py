@@ -16,6 +16,9 @@ Column-tiled elementwise ops (ADD, SILU_MUL, MUL, GELU, COPY) that read a tiled 
 and whose operands all have the output's shape, get the same tiles: that lets `fuse` fold them
 into the producing tile. A ROPE whose output is an attention's q is tiled per kv-head group (so
 each split-KV task can recompute just its heads' rope).
+
+A `whole_ops` target (the triton backend: one launch per task, its grid spreads the op) gets
+no tiles at all: splitting an op there only adds launches.
 """
 from __future__ import annotations
 
@@ -86,6 +89,8 @@ def _split(task: Task, grid: list[tuple[int, int]]) -> list[Task]:
 @without_gc
 def tile(program: Program, opts: PassOptions | None = None) -> Program:
     opts = opts or PassOptions()
+    if opts.target.whole_ops and opts.tile_n is None:
+        return program
     bufs = program.buffers
     # q inputs of attention: rope producing them is tiled per kv-head group
     attn_q: dict[int, Task] = {}

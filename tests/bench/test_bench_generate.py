@@ -37,3 +37,14 @@ def test_gpu_table_prints_every_measured_column(capsys):
                      "hf_static_ms_per_token": 1.9, "hf_error": "RuntimeError: boom"})
     out = capsys.readouterr().out
     assert "12.50" in out and "1.01" in out and "1.90" in out and "hf_error: RuntimeError" in out
+
+
+def test_gpu_table_prints_the_prefill_chunks_tasks_and_replays(capsys):
+    gen = _load()
+    gen.print_table({"device": "X", "torch": "t", "prompt": 1000, "new": 256,
+                     "amk_triton_prefill_chunks": [512, 512],
+                     "amk_triton_prefill_chunk_tasks": {"512": 276},
+                     "amk_triton_prefill_graph_captures": 1,
+                     "amk_triton_prefill_replay_ms": {"512": 4.25}})
+    out = capsys.readouterr().out
+    assert "[512, 512]" in out and "{'512': 276}" in out and "4.25" in out

@@ -13,11 +13,11 @@ from amk.errors import DeadlockError, TraceError  # noqa: E402
 VOCAB = 96
 
 
-def _tiny_hf(seed=0):
+def _tiny_hf(seed=0, max_pos=512):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=512,
+                                   num_key_value_heads=2, max_position_embeddings=max_pos,
                                    initializer_range=0.15)
     hf = transformers.AutoModelForCausalLM.from_config(cfg).eval().cuda()
     hf.generation_config.eos_token_id = None
@@ -37,6 +37,31 @@ def test_256_token_prompt_gives_transformers_greedy_tokens(backend):
     assert m.generate(ids[0], 16, backend=backend) == ref
     s = m.last_stats
     assert [c.size for c in s.prefill_chunks] == [128, 128] and s.decode_steps == 15
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_1000_token_prompt_in_two_512_row_chunks_gives_transformers_tokens(backend):
+    # issue 24's prompt length: chunks 512 + 512 (488 real rows), one task per op, each chunk
+    # program captured once and replayed for the next chunk and the next call
+    from amk.models import from_hf
+    from amk.models.prefill import Chunk, chunk_args
+    hf = _tiny_hf(seed=4, max_pos=1280)
+    ids = torch.randint(0, VOCAB, (1, 1000), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(7))
+    with torch.no_grad():
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                          do_sample=False, pad_token_id=0)[0, 1000:].tolist()
+    m = from_hf(hf, max_seq=1272)
+    assert m.generate(ids[0], 8, backend=backend) == ref
+    assert [(c.size, c.tokens) for c in m.last_stats.prefill_chunks] == [(512, 512), (512, 488)]
+    step = m.prefill_jit(backend)
+    low = step.lower(*chunk_args(m, Chunk(0, 512, 512), m.new_kv()))
+    assert len(low.program.tasks) == len(low.programs["lower"].tasks)   # no tiles
+    key = next(k for k, v in step._cache.items() if v is low)
+    exe = next(e for (k, _), e in step._executables.items() if k == key)
+    assert exe.captures == 1        # the second chunk replayed the first one's capture
+    assert m.generate(ids[0], 8, backend=backend) == ref
+    assert exe.captures <= 2        # a new call's cache: at most one more capture
 
 
 def test_seeded_sampling_repeats_on_the_gpu():

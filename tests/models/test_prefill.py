@@ -40,6 +40,13 @@ def test_plan_chunks_full_chunks_then_one_padded_tail():
     # near the cache's end the tail is not padded past max_seq: smaller chunks, then steps of 1
     assert plan_chunks(20, 0, 20, (16,)) == [Chunk(0, 16, 16), Chunk(16, 1, 1), Chunk(17, 1, 1),
                                              Chunk(18, 1, 1), Chunk(19, 1, 1)]
+    # the default sizes: a rest filling >= 3/4 of a size is one padded chunk of it
+    assert plan_chunks(1000, 0, 1272) == [Chunk(0, 512, 512), Chunk(512, 512, 488)]
+    assert plan_chunks(100, 0, 512) == [Chunk(0, 128, 100)]
+    assert plan_chunks(300, 0, 512) == [Chunk(0, 128, 128), Chunk(128, 128, 128),
+                                        Chunk(256, 16, 16), Chunk(272, 16, 16), Chunk(288, 16, 12)]
+    # ... but never past max_seq: a 1000-token prompt in a 1016-row cache takes smaller chunks
+    assert [c.size for c in plan_chunks(1000, 0, 1016)] == [512, 128, 128, 128] + [16] * 7
     with pytest.raises(TraceError, match="max_seq"):
         plan_chunks(30, 0, 20)
     with pytest.raises(TraceError, match="positive"):
@@ -155,3 +162,12 @@ def test_batched_prompts_prefill_each_sequence():
     assert model.generate(ids, 6, backend="reference") == want
     assert [c.size for c in model.last_stats.prefill_chunks] == [16, 16, 16, 16]
 
+
+
+def test_a_rest_of_3_4_of_a_chunk_runs_as_one_padded_chunk_with_transformers_tokens():
+    hf = tiny_llama(seed=5)
+    ids = torch.randint(0, VOCAB, (120,), generator=torch.Generator().manual_seed(8))
+    want = hf_greedy(hf, ids, 4)
+    model = from_hf(hf, max_seq=160)
+    assert model.generate(ids, 4, backend="reference") == want
+    assert [(c.size, c.tokens) for c in model.last_stats.prefill_chunks] == [(128, 120)]

@@ -42,3 +42,19 @@ def test_llama_1b_pipeline_shape():
         assert len(waited) == 13
     res = validate(p)
     assert res.ok, res.report()[:2000]
+
+
+def test_llama_1b_on_the_triton_target_is_one_task_per_op():
+    # one launch per task whose grid covers the op: no column tiles, no kv-group attention
+    # tasks (before: 500 tasks, q-rope and attention split 8 ways a layer; the cuda target
+    # above keeps its tiles)
+    from pass_helpers import llama_program
+    st = run_passes(llama_program(LLAMA_1B, dtype=DType.BF16), PassOptions.for_backend("triton"))
+    p = st["place"]
+    assert len(p.tasks) == len(st["lower"].tasks) == 16 * 17 + 4
+    assert not [t for t in p.tasks if {"h_off", "kv_shard"} & set(t.params)]
+    assert all(t.params.get("n_off", 0) == 0 and
+               t.params.get("N_tile", p.buffers[t.outputs[0]].cols) == p.buffers[t.outputs[0]].cols
+               for t in p.tasks)
+    assert sum(t.op is K.ATTENTION_TILE for t in p.tasks) == 16
+    assert validate(p).ok

@@ -12,7 +12,9 @@ IO_INPUTs (token ids, the decode position) are copied into tensors this object o
 captured CUDA graph reads them from fixed addresses: with ``capture_graph=True`` the first run
 executes eagerly (compiling every kernel), then captures the whole step; later runs copy the
 inputs in and replay it. Kernels read the position on the device, so the graph serves every
-decode step. Rebinding a weight or cache to a different tensor re-captures.
+decode step. Rebinding a weight or cache to a different tensor captures once more: the last
+`MAX_GRAPHS` captures are kept by their bound addresses, so steps alternating between a few
+caches (a new generate call's cache, batch slots) replay instead of re-capturing each call.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from amk.errors import BackendUnavailable, TraceError, ValidationError
 from amk.program.ir import BufferKind, Program
 
 BOUND_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
+MAX_GRAPHS = 4          # captured graphs kept per program (each a few hundred kernel nodes)
 
 
 def _device(device) -> torch.device:
@@ -69,8 +72,9 @@ class TritonProgram:
                 self._slots[b.id] = torch.zeros(b.shape, dtype=b.dtype.torch, device=self.device)
         self._inputs = [b for b in program.buffers if b.kind == BufferKind.IO_INPUT]
         self._bound = [b for b in program.buffers if b.kind in BOUND_KINDS]
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._graph_key: tuple | None = None
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}   # bound addresses -> capture
+        self._graph: torch.cuda.CUDAGraph | None = None        # the last one run
+        self.captures = 0
 
     # ------------------------------------------------------------------ bindings
     def _bind(self, bindings: Mapping[str, torch.Tensor]) -> tuple:
@@ -124,16 +128,27 @@ class TritonProgram:
         key = self._bind(bindings)
         if not self.capture_graph:
             self._run_tasks()
-        elif self._graph is not None and key == self._graph_key:
+        elif key in self._graphs:
+            self._graph = self._graphs[key]
             self._graph.replay()
         else:
-            self._run_tasks()                        # the step itself, and every kernel compiled
+            # eagerly first: the step itself, and every kernel compiled (a new address can be a
+            # new specialization) before the capture, which must not compile
+            self._run_tasks()
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self._run_tasks()
-            self._graph, self._graph_key = graph, key
-        return self._outputs()
+            if len(self._graphs) >= MAX_GRAPHS:      # drop the oldest capture
+                self._graphs.pop(next(iter(self._graphs)))
+            self._graphs[key] = self._graph = graph
+            self.captures += 1
+        out = self._outputs()
+        # Bound tensors are the caller's: holding them would keep a finished generate call's
+        # cache alive, so the next call's cache could never reuse its addresses (and graph).
+        for b in self._bound:
+            self._slots[b.id] = None
+        return out
 
     def replay(self) -> None:
         """Replay the captured step as is (same inputs): for benchmarks."""

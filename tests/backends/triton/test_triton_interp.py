@@ -489,6 +489,23 @@ def test_backend_refuses_invalid_programs_and_bad_bindings():
     assert "kv.k" in str(e.value)
 
 
+def test_backend_keeps_no_reference_to_bound_tensors_after_a_run():
+    # a finished generate call's cache must be freed, so the next call's cache can reuse its
+    # addresses (and the CUDA graph captured for them)
+    import gc
+    import weakref
+    from amk.backends.triton.backend import TritonProgram
+    program, make = _programs().decode_layer_program()
+    tp = TritonProgram(program, device="cpu")
+    b = make("cpu")
+    outs = tp.run(b)
+    k = weakref.ref(b["kv.k"])
+    assert any(o is b["kv.k"] for o in outs)          # the cache comes back as the bound tensor
+    del b, outs
+    gc.collect()
+    assert k() is None
+
+
 # ---------------------------------------------------------------------------- issue 25's ops
 def test_softcap_and_tanh_gelu_match_torch():
     x = torch.randn(2, 37) * 4
