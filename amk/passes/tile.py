@@ -20,7 +20,8 @@ each split-KV task can recompute just its heads' rope).
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import rethreshold, without_gc
+from amk.gcpause import without_gc
+from amk.passes.sync import rethreshold
 from amk.program.ir import InstructionKind as K, Program, Task
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)
