@@ -12,7 +12,8 @@ placement that keeps program order per queue cannot deadlock. Counters are never
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import reduced_dependencies, renumber, waits_from_groups, with_waits, without_gc
+from amk.gcpause import without_gc
+from amk.passes.sync import reduced_dependencies, renumber, waits_from_groups, with_waits
 from amk.program.ir import Program
 
 

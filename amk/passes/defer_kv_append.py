@@ -18,7 +18,8 @@ every shard inherits the new inputs.
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import regions_of, resync, without_gc
+from amk.gcpause import without_gc
+from amk.passes.sync import regions_of, resync
 from amk.program.ir import InstructionKind as K, Program, Task
 from amk.program.regions import NEW_KV
 

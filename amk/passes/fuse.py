@@ -21,10 +21,11 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, replace
 
+from amk.gcpause import without_gc
 from amk.passes.options import PassOptions
-from amk.passes.sync import rebuilt, regions_of, remember_regions, resync, without_gc
+from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
-from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Operand, Recipe, Step, recipe_of
+from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Recipe, Step, operand, recipe_of
 from amk.program.regions import Region
 
 # Ops cheap enough to recompute in every reader (no weight matrix streamed). A combine reads
@@ -100,12 +101,12 @@ def to_task(steps: list[_Step], like: Task, name: str) -> Task:
                 if v not in pos:
                     pos[v] = len(inputs)
                     inputs.append(v)
-                args.append(Operand(INPUT, pos[v]))
+                args.append(operand(INPUT, pos[v]))
             else:
-                args.append(Operand(SCRATCH, scratch[v]))
+                args.append(operand(SCRATCH, scratch[v]))
         kind, v = st.out
-        out = (Operand(OUTPUT, out_index[v]) if kind == "b"
-               else Operand(SCRATCH, scratch.setdefault(v, len(scratch))))
+        out = (operand(OUTPUT, out_index[v]) if kind == "b"
+               else operand(SCRATCH, scratch.setdefault(v, len(scratch))))
         rsteps.append(Step(st.op, tuple(args), out, st.params, st.out_shape, st.out_dtype))
     return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": Recipe(tuple(rsteps))},
                 like.waits, like.out_counter, name)

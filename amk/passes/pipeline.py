@@ -23,6 +23,7 @@ from amk.passes.place import place
 from amk.passes.plan_memory import plan_memory
 from amk.passes.split_kv import split_kv
 from amk.passes.tile import tile
+from amk.program.digest import remember_digest
 from amk.program.ir import Program
 
 
@@ -85,9 +86,11 @@ def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None,
     key = cache.cache_key(graph, opts, PIPELINE)
     program = cache.load(cache_dir, key) if cache_dir is not None else None
     if program is not None:
+        remember_digest(program, "passes:" + key)
         return program, None
     stages = run_pipeline(graph, opts, debug=debug)
     program = stages[PIPELINE[-1][0]]
     if cache_dir is not None:
         cache.store(cache_dir, key, program)
+        remember_digest(program, "passes:" + key)
     return program, stages

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from amk.passes.cost import cost_ns
-from amk.passes.sync import without_gc
+from amk.gcpause import without_gc
 from amk.passes.options import H200, PassOptions, Target
 from amk.program.ir import Program
 

@@ -13,7 +13,8 @@ from collections import deque
 
 from amk.passes.fuse import remap_buffers
 from amk.passes.options import PassOptions
-from amk.passes.sync import resync, without_gc
+from amk.gcpause import without_gc
+from amk.passes.sync import resync
 from amk.program.ir import BufferKind, Program
 from amk.program.regions import task_regions
 

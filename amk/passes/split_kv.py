@@ -18,7 +18,8 @@ The split result equals the unsplit attention up to float rounding (online-softm
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import rethreshold, without_gc
+from amk.gcpause import without_gc
+from amk.passes.sync import rethreshold
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Program, Task, Wait
 from amk.program.regions import PARTIAL_WRITE
 

@@ -15,31 +15,14 @@ paused (`without_gc`): they make no cycles, and collections over a big heap cost
 """
 from __future__ import annotations
 
-import functools
-import gc
-from typing import Callable, Sequence
+from typing import Sequence
 
+from amk.gcpause import without_gc
 from amk.program.ir import Buffer, Counter, Program, Task, Wait
 from amk.program.deps import scan
 from amk.program.regions import Region, task_regions
 
 _EMPTY: frozenset[int] = frozenset()
-
-
-def without_gc(fn: Callable) -> Callable:
-    """Run a pass with the cyclic garbage collector paused. A pass allocates ~10^5 small
-    objects and creates no cycles; with a large heap alive, collections would cost more than
-    the pass itself (measured: up to half the pipeline time)."""
-    @functools.wraps(fn)
-    def run(*args, **kw):
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            return fn(*args, **kw)
-        finally:
-            if was:
-                gc.enable()
-    return run
 
 
 # task_regions is the one table of what an op touches, but it costs tens of microseconds a call

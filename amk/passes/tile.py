@@ -23,7 +23,8 @@ no tiles at all: splitting an op there only adds launches.
 from __future__ import annotations
 
 from amk.passes.options import PassOptions
-from amk.passes.sync import rethreshold, without_gc
+from amk.gcpause import without_gc
+from amk.passes.sync import rethreshold
 from amk.program.ir import InstructionKind as K, Program, Task
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from amk.errors import ValidationError
+from amk.gcpause import without_gc
 from amk.program.deps import RAW, WAR, WAW, scan
 from amk.program.ir import Buffer, BufferKind, Program, Task
 from amk.program.opcode_checks import READ_ONLY, _b, _t, check_opcode
@@ -196,6 +197,7 @@ def validate(program: Program) -> ValidationResult:
     return hit
 
 
+@without_gc
 def _validate(program: Program) -> ValidationResult:
     res = ValidationResult(program.name)
 

@@ -72,3 +72,35 @@ def test_the_cached_program_keeps_its_typed_recipes(tmp_path, monkeypatch):
     assert warm.timings["cache_hit"] and fused
     assert all(isinstance(t.params["recipe"], Recipe) for t in fused)
     assert warm.program == cold.program
+
+
+def test_cold_and_warm_programs_share_the_pass_cache_digest(tmp_path, monkeypatch):
+    # the cuda lowered cache keys on program_digest: from the pass cache's key, never a repr
+    from amk.program.digest import program_digest
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    m = random_model(TINY_LLAMA)
+    cold, warm = lower(m, None), lower(m, None)
+    assert warm.timings["cache_hit"]
+    assert program_digest(cold.program) == program_digest(warm.program)
+    assert program_digest(cold.program).startswith("passes:")
+    other = lower(m, PassOptions.for_backend("reference").with_(fuse=False))
+    assert program_digest(other.program) != program_digest(cold.program)
+
+
+def test_a_program_built_elsewhere_is_digested_by_its_content(tmp_path, monkeypatch):
+    import pickle
+    from amk.program.digest import program_digest
+    monkeypatch.setenv("AMK_CACHE_DIR", str(tmp_path))
+    p = lower(random_model(TINY_LLAMA), None).program
+    a, b = pickle.loads(pickle.dumps(p)), pickle.loads(pickle.dumps(p))     # not the passes'
+    assert program_digest(a).startswith("repr:") and program_digest(a) == program_digest(b)
+    assert program_digest(a.with_(name="other")) != program_digest(a)
+
+
+def test_fused_recipes_share_their_operands():
+    # one Operand object per (kind, index): a pickled program holds each once
+    from amk.program.recipe import Recipe
+    p = lower(random_model(TINY_LLAMA), None).program
+    ops = [a for t in p.tasks if isinstance(t.params.get("recipe"), Recipe)
+           for s in t.params["recipe"].steps for a in (*s.args, s.out)]
+    assert ops and len({id(a) for a in ops}) == len(set(ops))

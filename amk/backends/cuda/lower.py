@@ -10,6 +10,7 @@ buffers are bound.
 """
 from __future__ import annotations
 
+from amk.gcpause import without_gc
 from amk.program.ir import Buffer, InstructionKind as K, Program
 from amk.backends.cuda.argmax_fold import ArgmaxFolds
 from amk.backends.cuda.encoders import encode_op
@@ -22,6 +23,7 @@ from amk.backends.cuda.steps import (REF_BUFFER, SCRATCH_ALIGN, Folded, FoldedTa
 from amk.backends.cuda.tables import Lowered, pack
 
 
+@without_gc
 def fold_program(program: Program, n_ctas: int = 132,
                  options: CudaOptions = CudaOptions()) -> Folded:
     """Every task encoded and folded. ``n_ctas`` only matters when the program has no queues."""

@@ -2,7 +2,7 @@
 the program cache and the cubin cache it makes a warm compile skip every expensive step.
 
 Key = AMK version + the CUDA backend's sources (Python and templates) + the options that change
-the lowering (CudaOptions.key) + the CTA count + the program itself (its repr). Written
+the lowering (CudaOptions.key) + the CTA count + the program's digest (amk/program/digest.py). Written
 atomically (temp + rename); nothing is cached when options.cache_dir is None.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from amk.diskcache import read_pickle, write_pickle
+from amk.program.digest import program_digest
 from amk.program.ir import Program
 from amk.version import VERSION
 from amk.backends.cuda.options import CudaOptions
@@ -30,7 +31,7 @@ def _source_hash() -> str:
 def _key(program: Program, n_ctas: int, options: CudaOptions) -> str:
     h = hashlib.sha256(_source_hash().encode())
     h.update(repr((n_ctas, options.key())).encode())
-    h.update(repr(program).encode())      # canonical: pickle bytes depend on object sharing
+    h.update(program_digest(program).encode())
     return h.hexdigest()[:32]
 
 
