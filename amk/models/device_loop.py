@@ -17,7 +17,6 @@ kernel's watchdog still turns a stuck schedule into a fault).
 from __future__ import annotations
 
 import warnings
-from collections import deque
 
 import torch
 
@@ -105,20 +104,34 @@ class DeviceLoop:
                     self._capture()
                 depth = 0 if self.logit_slots is not None else 1
                 chunks = [self.steps] * q + ([r] if r else [])
-                pending = deque()
-                for j, c in enumerate(chunks):
-                    pending.append((c, self.host[j % 2], self._enqueue(c, self.host[j % 2])))
-                    ran += c
-                    replays += c == self.steps and self.graph is not None
-                    while len(pending) > depth:
-                        c0, h0, ev = pending.popleft()
-                        self._wait(ev)
-                        if take(h0[:c0], self.slots[:c0], self.logit_slots):
-                            return ran, replays
+                events = {}
+                for kind, j in chunk_order(len(chunks), depth):
+                    h = self.host[j % 2]
+                    if kind == "enqueue":
+                        events[j] = self._enqueue(chunks[j], h)
+                        ran += chunks[j]
+                        replays += chunks[j] == self.steps and self.graph is not None
+                        continue
+                    self._wait(events.pop(j))
+                    if take(h[:chunks[j]], self.slots[:chunks[j]], self.logit_slots):
+                        return ran, replays
         finally:
             stream.synchronize()               # nothing in flight once generate returns
             torch.cuda.current_stream(self.exe.device).wait_stream(stream)
         return ran, replays
+
+
+def chunk_order(n_chunks: int, depth: int) -> list[tuple[str, int]]:
+    """The order of ("enqueue", j) and ("take", j) for chunks 0..n-1 with up to `depth` chunks
+    in flight beyond the one being read (1: the next replay runs while the host reads the last
+    one; 0: each chunk is read before the next starts). Every chunk is taken, the last too."""
+    order, pending = [], []
+    for j in range(n_chunks):
+        order.append(("enqueue", j))
+        pending.append(j)
+        while len(pending) > (0 if j == n_chunks - 1 else depth):
+            order.append(("take", pending.pop(0)))
+    return order
 
 
 def device_loop(step, args, sampler, token0, steps: int, eos: int | None, keep_logits: bool):

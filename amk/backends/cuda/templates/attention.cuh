@@ -372,8 +372,12 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           cp_async_wait<1>();                                // K (V may still be in flight)
           __syncthreads();
           AMK_MARK(3);
-          const int nr = new_r - (int)(t0 - lo);             // >= 0 in the last chunk only
-          if (nr >= 0) {
+          // the new row's index in this chunk: in [0, cn) in the last chunk only (an earlier
+          // chunk has nr >= cn: writing there ran past the staged rows, into the next task's
+          // preload or out of shared memory, once a shard held more than one chunk)
+          const int nr = new_r - (int)(t0 - lo);
+          const bool new_here = nr >= 0 && nr < cn;
+          if (new_here) {
             if (tid < hd) ((TK*)(ks + nr * krs))[tid] = from_f<TK>(nrow[tid]);   // its own write
             __syncthreads();
           }
@@ -406,7 +410,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
           cp_async_wait<0>();                                // V
           __syncthreads();
           AMK_MARK(5);
-          if (nr >= 0) {
+          if (new_here) {
             if (tid < hd) ((TV*)(vs + nr * vrs))[tid] = from_f<TV>(nrow[hd + tid]);
             __syncthreads();
           }
