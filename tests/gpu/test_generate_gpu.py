@@ -24,15 +24,21 @@ def _tiny_hf(seed=0, max_pos=512):
     return hf
 
 
+def _prompt_and_greedy(hf, n: int, new: int, seed: int):
+    """A random n-token prompt on the GPU and transformers' greedy new tokens after it."""
+    ids = torch.randint(0, VOCAB, (1, n), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(seed))
+    with torch.no_grad():
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                          do_sample=False, pad_token_id=0)[0, n:].tolist()
+    return ids, ref
+
+
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_256_token_prompt_gives_transformers_greedy_tokens(backend):
     from amk.models import from_hf
     hf = _tiny_hf()
-    ids = torch.randint(0, VOCAB, (1, 256), device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(1))
-    with torch.no_grad():
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
-                          do_sample=False, pad_token_id=0)[0, 256:].tolist()
+    ids, ref = _prompt_and_greedy(hf, 256, 16, seed=1)
     m = from_hf(hf, max_seq=288)
     assert m.generate(ids[0], 16, backend=backend) == ref
     s = m.last_stats
@@ -46,11 +52,7 @@ def test_1000_token_prompt_in_two_512_row_chunks_gives_transformers_tokens(backe
     from amk.models import from_hf
     from amk.models.prefill import Chunk, chunk_args
     hf = _tiny_hf(seed=4, max_pos=1280)
-    ids = torch.randint(0, VOCAB, (1, 1000), device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(7))
-    with torch.no_grad():
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
-                          do_sample=False, pad_token_id=0)[0, 1000:].tolist()
+    ids, ref = _prompt_and_greedy(hf, 1000, 8, seed=7)
     m = from_hf(hf, max_seq=1272)
     assert m.generate(ids[0], 8, backend=backend) == ref
     assert [(c.size, c.tokens) for c in m.last_stats.prefill_chunks] == [(512, 512), (512, 488)]
