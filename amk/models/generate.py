@@ -77,7 +77,7 @@ def generate(model, prompts: list[torch.Tensor], max_new_tokens: int, backend: s
     model.last_stats = stats
     t0 = time.perf_counter()
     sampler = Sampler(sampling, model.device)
-    kv = model.new_kv(batch)
+    kv = model.generation_kv(batch)
     last = [prefill(model, prompts[b], kv_of_sequence(kv, b, batch), backend, chunk_sizes,
                     on_chunk=stats.prefill_chunks.append) for b in range(batch)]
     logits = torch.stack(last)                                   # [B, V]

@@ -27,6 +27,7 @@ class Model:
         self.hf_config = hf_config
         self.fn = _step_for(config)
         self._steps: dict = {}
+        self._generation_kv: dict = {}      # generate's caches, kept between calls
         self.last_stats = None          # GenerationStats of the last generate call
 
     def __repr__(self) -> str:
@@ -117,6 +118,17 @@ class Model:
         shape = (c.max_seq, c.n_kv_heads, c.head_dim) if batch == 1 else (batch, c.max_seq, c.n_kv_heads, c.head_dim)
         return [{"k": torch.zeros(shape, dtype=c.dtype, device=self.device),
                  "v": torch.zeros(shape, dtype=c.dtype, device=self.device)} for _ in range(c.n_layers)]
+
+    def generation_kv(self, batch: int = 1) -> list:
+        """The caches `generate` runs on, kept between its calls (one set at a time): the same
+        addresses every call, so the prompt chunks' captured CUDA graphs (triton backend) replay
+        instead of being captured again inside the first token's time (bench/NOTES.md v20).
+        Not zeroed: every step writes a cache row before any step of the call reads it. Two
+        generate calls at once on one Model would share them."""
+        key = (batch, self.config, str(self.device))     # a new shape, dtype or device: new caches
+        if key not in self._generation_kv:
+            self._generation_kv = {key: self.new_kv(batch)}
+        return self._generation_kv[key]
 
     def example_args(self, batch: int = 1):
         token = torch.zeros(batch, dtype=torch.int32, device=self.device)

@@ -163,6 +163,21 @@ def test_batched_prompts_prefill_each_sequence():
     assert [c.size for c in model.last_stats.prefill_chunks] == [16, 16, 16, 16]
 
 
+def test_generate_reuses_its_caches_and_stale_rows_never_leak():
+    """generate keeps its caches between calls (stable addresses for captured graphs): a long
+    prompt, then a short one on the same caches, then batch 2, each gives transformers' tokens."""
+    hf = tiny_llama(seed=3)
+    g = torch.Generator().manual_seed(9)
+    long, short = torch.randint(0, VOCAB, (40,), generator=g), torch.randint(0, VOCAB, (7,), generator=g)
+    model = from_hf(hf, max_seq=64)
+    assert model.generate(long, 6, backend="reference") == hf_greedy(hf, long, 6)
+    kv = model.generation_kv(1)
+    assert model.generate(short, 6, backend="reference") == hf_greedy(hf, short, 6)
+    assert model.generation_kv(1) is kv and bool(kv[0]["k"][40].abs().sum() > 0)   # rows left
+    both = torch.stack([short, long[:7]])
+    assert model.generate(both, 3, backend="reference") == [hf_greedy(hf, r, 3) for r in both]
+    assert model.generation_kv(2)[0]["k"].shape[0] == 2
+
 
 def test_a_rest_of_3_4_of_a_chunk_runs_as_one_padded_chunk_with_transformers_tokens():
     hf = tiny_llama(seed=5)
