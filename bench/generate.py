@@ -71,7 +71,8 @@ def bench_amk(m, ids, new: int, backend: str) -> dict:
     m.generate(ids, new, backend=backend)
     s = m.last_stats
     from amk.models.prefill import Chunk, chunk_args
-    step, kv = m.prefill_jit(backend), m.new_kv()
+    from decode import time_ms
+    step, kv = m.prefill_jit(backend), m.generation_kv()   # generate's own caches: no new capture
     tasks = {c.size: len(step.lower(*chunk_args(m, Chunk(0, c.size, c.size), kv)).program.tasks)
              for c in s.prefill_chunks}                  # compiled already: the jit's cache
     exes = {next(b.shape[0] for b in e.program.buffers if b.source == "token"): e
@@ -81,7 +82,7 @@ def bench_amk(m, ids, new: int, backend: str) -> dict:
     replay = {}          # GPU time of one chunk: its graph replayed alone (host time excluded)
     for rows, e in sorted(exes.items()):
         step(*chunk_args(m, Chunk(0, rows, rows), kv))  # its graph now writes this live cache
-        replay[str(rows)] = _replay_ms(e)
+        replay[str(rows)] = time_ms(e.replay, iters=5)
     row = {f"amk_{backend}_first_token_ms": s.first_token_s * 1e3,
            f"amk_{backend}_prefill_chunk_tasks": {str(k): v for k, v in tasks.items()},
            f"amk_{backend}_prefill_graph_captures": captures,
@@ -112,17 +113,6 @@ def bench_call(m, ctx: int, iters: int = 50) -> dict:
     kernel = graph_ms(step, (params, token, pos, kv), iters)
     return {"amk_cuda_kernel_ms": kernel, "amk_cuda_call_ms": call,
             "amk_cuda_call_overhead_us": (call - kernel) * 1e3, "amk_cuda_call_host_us": host * 1e6}
-
-
-def _replay_ms(exe, n: int = 5) -> float:
-    exe.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        exe.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / n
 
 
 def bench_hf(hf, ids, new: int) -> dict:
