@@ -88,7 +88,7 @@ def compile_prefill(model, n_tokens: int, backend: str | None = None,
     """Trace and compile the chunk programs a prompt of n_tokens needs (so the first token's
     time is not compile time); returns their block sizes."""
     step = model.prefill_jit(backend)
-    kv = model.new_kv()
+    kv = model.generation_kv()          # generate's caches: no second full-size allocation
     done = []
     for c in plan_chunks(n_tokens, 0, model.config.max_seq, sizes):
         if c.size not in done:
