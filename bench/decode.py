@@ -10,7 +10,7 @@ and warm compile times. Prints a table; writes JSON.
 
     python bench/decode.py --model qwen3-0.6b --contexts 128 1024 4096 --max-seq 8192
     python bench/decode.py --batch 16 --contexts 1024 --backends cuda
-    python bench/decode.py --quant int4 --contexts 128 --backends cuda --compile-peer-at
+    python bench/decode.py --quant int4 --contexts 128 --backends cuda --compile-peer-at 128
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from gpu_tool import have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH (ab.py sets it)
 from torch_llama import torch_decode_step  # noqa: E402
+from torch_quant_peer import peer_params  # noqa: E402
 
 import amk  # noqa: E402
 from amk.models.model import Model  # noqa: E402
@@ -118,9 +119,11 @@ def quantized(cfg, params: dict, fmt: str | None) -> dict:
 
 
 def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: float,
-                  compile_peer: bool, batch: int = 1, amk_params: dict | None = None) -> dict:
+                  compile_peer: bool, batch: int = 1, amk_params: dict | None = None,
+                  quant: str | None = None) -> dict:
     """One context's row. params: the bf16 weights the torch peers read; amk_params: what AMK
-    runs (the quantized weights under --quant; default params)."""
+    runs (the quantized weights under --quant; default params); quant: also time torch's own
+    weight-only kernels in that format (with the torch.compile peer)."""
     amk_params = params if amk_params is None else amk_params
     m = Model(cfg, amk_params)
     kv = m.new_kv(batch)
@@ -151,6 +154,8 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
         # amk_cuda_ms is: GPU time only, whatever reduce-overhead's replay does on the host.
         plain = torch.compile(lambda t, p: torch_decode_step(m.config, params, t, p, kv), fullgraph=True)
         row["torch_compile_graph_ms"] = replay_ms(lambda: plain(token, pos), iters, warm=3)
+        if quant:
+            row.update(quant_peer(m.config, params, quant, token, pos, kv, iters))
 
     for be in backends:
         try:
@@ -176,6 +181,21 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
     if "amk_cuda_ms" in row:
         row["fraction_of_floor"] = floor_ms / row["amk_cuda_ms"]
     return row
+
+
+def quant_peer(cfg, params: dict, fmt: str, token, pos, kv, iters: int) -> dict:
+    """torch's weight-only fmt kernels in the same step (torch_quant_peer.py), compiled and
+    replayed from one CUDA graph, and their logits' distance from the bf16 step's; or why not."""
+    try:
+        qp = peer_params(params, fmt)
+        _, ref = torch_decode_step(cfg, params, token, pos, kv)
+        _, got = torch_decode_step(cfg, qp, token, pos, kv)
+        err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        comp = torch.compile(lambda t, p: torch_decode_step(cfg, qp, t, p, kv), fullgraph=True)
+        return {"torch_quant_graph_ms": replay_ms(lambda: comp(token, pos), iters, warm=3),
+                "torch_quant_rel_err": err}
+    except Exception as e:  # no such kernel on this stack: the row says so
+        return {"torch_quant_error": f"{type(e).__name__}: {str(e)[:300]}"}
 
 
 def compile_times(cfg, params, batch: int = 1) -> dict:
@@ -213,11 +233,13 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", default=["cuda", "triton", "reference"])
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--compile-peer-at", type=int, nargs="*", default=[1024],
-                    help="contexts at which to run torch.compile (it takes a minute each)")
+                    help="contexts at which to run torch.compile (it takes a minute each; the bare flag: "
+                         "none; default %(default)s)")
     ap.add_argument("--batch", type=int, default=1, help="sequences a step (default %(default)s)")
     ap.add_argument("--quant", choices=sorted(FORMATS), default=None,
                     help="AMK runs weight-only quantized linears and LM head (Model.quantize); "
-                         "the torch peers keep the bf16 weights")
+                         "the torch peers keep the bf16 weights, and with the torch.compile peer torch's own "
+                         "weight-only kernels in the format run too (torch_quant_graph_ms; fp8: none)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--json", default="bench/results.json")
     a = ap.parse_args(argv)
@@ -243,7 +265,7 @@ def main(argv=None) -> int:
             result["compile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     for ctx in a.contexts:
         row = bench_context(cfg, params, ctx, a.backends, a.iters, bw, ctx in a.compile_peer_at,
-                            a.batch, amk_params)
+                            a.batch, amk_params, a.quant)
         result["rows"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
@@ -260,7 +282,8 @@ def print_table(r: dict) -> None:
         print("compile:", ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in r["compile"].items()))
     cols = ["floor_ms", "amk_cuda_ms", "fraction_of_floor", "amk_cuda_call_ms", "amk_triton_ms",
-            "amk_reference_ms", "eager_ms", "torch_compile_ms", "torch_compile_graph_ms"]
+            "amk_reference_ms", "eager_ms", "torch_compile_ms", "torch_compile_graph_ms",
+            "torch_quant_graph_ms"]
     print(f"{'context':>8} " + " ".join(f"{c:>18}" for c in cols))
     for row in r["rows"]:
         cells = []

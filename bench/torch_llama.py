@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch_quant_peer import quant_linear as _linear   # F.linear, or a quantized peer's weights
+
 
 def _rms(x, w, eps):
     xf = x.float()
@@ -37,7 +39,7 @@ def torch_decode_step(cfg, params, token, pos, kv):
     mask = torch.where(seq <= p_idx, 0.0, float("-inf"))   # fp32, static shape: graph-safe
     for p, cache in zip(params["layers"], kv):
         h = _rms(x, p["attn_norm"], cfg.rms_eps)
-        q, k, v = F.linear(h, p["wq"], p.get("bq")), F.linear(h, p["wk"], p.get("bk")), F.linear(h, p["wv"], p.get("bv"))
+        q, k, v = _linear(h, p["wq"], p.get("bq")), _linear(h, p["wk"], p.get("bk")), _linear(h, p["wv"], p.get("bv"))
         if cfg.qk_norm:        # Qwen3: RMSNorm over each head's head_dim, before rope
             q = _rms(q.view(-1, hd), p["q_norm"], cfg.rms_eps).view_as(q)
             k = _rms(k.view(-1, hd), p["k_norm"], cfg.rms_eps).view_as(k)
@@ -47,8 +49,8 @@ def torch_decode_step(cfg, params, token, pos, kv):
         ck.index_copy_(1, p_idx, k.view(B, 1, nkv, hd))
         cv.index_copy_(1, p_idx, v.view(B, 1, nkv, hd))
         a = _attention(q.view(B, nkv, nh // nkv, hd), ck, cv, mask)
-        x = x + F.linear(a.reshape(B, nh * hd), p["wo"])
+        x = x + _linear(a.reshape(B, nh * hd), p["wo"])
         h = _rms(x, p["mlp_norm"], cfg.rms_eps)
-        x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
-    logits = F.linear(_rms(x, params["norm"], cfg.rms_eps), params["lm_head"])
+        x = x + _linear(F.silu(_linear(h, p["w_gate"])) * _linear(h, p["w_up"]), p["w_down"])
+    logits = _linear(_rms(x, params["norm"], cfg.rms_eps), params["lm_head"])
     return logits.argmax(-1).to(torch.int32), logits

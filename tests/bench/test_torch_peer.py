@@ -5,6 +5,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -46,3 +47,20 @@ def test_quant_copies_the_weights_and_keeps_the_bf16_ones():
     assert isinstance(q["layers"][0]["wq"], QuantizedWeight) and isinstance(q["lm_head"], QuantizedWeight)
     assert params["layers"][0]["wq"] is wq and not isinstance(params["lm_head"], QuantizedWeight)
     assert quantized(CFG, params, None) is params
+
+
+def test_the_quantized_torch_peer_runs_int8_and_int4_near_the_bf16_step_and_refuses_fp8():
+    from torch_quant_peer import peer_params
+    cfg = replace(CFG, hidden=128, ffn=256, n_heads=4, n_kv_heads=2, head_dim=32, vocab=256,
+                  dtype=torch.bfloat16)
+    params = random_params(cfg, seed=2)
+    token, pos = torch.tensor([5], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    _, ref = torch_decode_step(cfg, params, token, pos, Model(cfg, params).new_kv(1))
+    for fmt, tol in (("int8", 0.03), ("int4", 0.3)):
+        q = peer_params(params, fmt)
+        assert q["layers"][0]["wq"][0] == fmt and q["layers"][0]["attn_norm"] is params["layers"][0]["attn_norm"]
+        _, got = torch_decode_step(cfg, q, token, pos, Model(cfg, params).new_kv(1))
+        err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        assert 0 < err < tol, (fmt, err)
+    with pytest.raises(ValueError, match="no weight-only fp8 kernel"):
+        peer_params(params, "fp8")
