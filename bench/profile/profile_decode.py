@@ -1,4 +1,6 @@
-"""Where the megakernel's time goes: one profiled decode step of the Llama-3.2-1B shape.
+"""Where the megakernel's time goes: one profiled decode step of a preset shape (--model,
+default Llama-3.2-1B; a cache of --max-seq rows, default 8192; before v21 the profile sized the
+cache to the context).
 
 Builds the cuda step with AMK_PROFILE=1 (each CTA records %globaltimer at every task's wait
 start, wait end and end), runs a few warm steps, and prints from the last one:
@@ -8,7 +10,8 @@ start, wait end and end), runs a few warm steps, and prints from the last one:
   * the stage timeline of one middle layer (first run start .. last end of each stage);
   * the span of the whole step.
 
-    python bench/profile/profile_decode.py --context 1024 [--layers 16] [--json out.json]
+    python bench/profile/profile_decode.py --context 1024 [--model qwen3-0.6b] [--max-seq 8192]
+        [--layers 16] [--json out.json]
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ from amk.passes.cost import task_cost  # noqa: E402
 from amk.program.ir import BufferKind, InstructionKind as K  # noqa: E402
 from amk.program.recipe import recipe_of  # noqa: E402
 from bench.gpu_tool import have_gpu, parser  # noqa: E402
-from bench.llama_step import cuda_step  # noqa: E402
+from amk.models.presets import PRESETS  # noqa: E402
+from bench.preset_step import cuda_step  # noqa: E402
 
 _LAYER = re.compile(r"(?:layers|kv)\.(\d+)\.")
 
@@ -159,6 +163,9 @@ def print_summary(s: dict, mid_layer: int) -> None:
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(PRESETS),
+                    help="the preset shape (default %(default)s)")
+    ap.add_argument("--max-seq", type=int, default=8192, help="KV cache rows (default %(default)s)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -167,16 +174,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not have_gpu(__file__):
         return 2
-    step, args, cfg = cuda_step(a.context, a.layers)
+    step, args, cfg = cuda_step(a.context, a.layers, a.model, a.max_seq)
     exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)
     knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("AMK_")}
     print("knobs set: " + " ".join(f"{k}={v}" for k, v in knobs.items()))
-    print(f"context {a.context}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
+    print(f"{a.model}, context {a.context}, max_seq {a.max_seq}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")
     print_summary(s, cfg.n_layers // 2)
     if a.json:
         raw = {"rows": [[int(v) for v in r] for r in rows]} if a.raw else {}
-        Path(a.json).write_text(json.dumps({"context": a.context, **s, **raw}, indent=1))
+        Path(a.json).write_text(json.dumps({"model": a.model, "context": a.context, "max_seq": a.max_seq, **s, **raw}, indent=1))
     return 0
 
 
