@@ -52,13 +52,13 @@ def parse_variant(arg: str) -> Variant:
 
 
 def decode_ms(v: Variant, context: int, iters: int, timeout: int, model: str = "llama-3.2-1b",
-              max_seq: int = 8192) -> float | None:
+              max_seq: int = 8192, extra: tuple[str, ...] = ()) -> float | None:
     """One bench/decode.py run of the variant: its AMK cuda ms, or None (printed why)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "decode.json"
         cmd = [sys.executable, str(THIS_TREE / "bench" / "decode.py"), "--contexts", str(context),
                "--backends", "cuda", "--compile-peer-at", "--iters", str(iters), "--json", str(out),
-               "--model", model, "--max-seq", str(max_seq)]
+               "--model", model, "--max-seq", str(max_seq), *extra]
         env = dict(os.environ, PYTHONPATH=str(v.tree), PYTHONUNBUFFERED="1", **v.env)
         try:
             r = subprocess.run(cmd, cwd=v.tree, env=env, capture_output=True, text=True, timeout=timeout)
@@ -105,17 +105,25 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--model", default="llama-3.2-1b", help="a bench/decode.py preset")
     ap.add_argument("--max-seq", type=int, default=8192, help="KV cache rows")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--quant", default=None, help="a bench/decode.py --quant format")
+    ap.add_argument("--set", default="", metavar="FIELD=VALUE[,...]",
+                    help="bench/decode.py --set, comma-separated: a shape that is not a preset")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=120, help="seconds a run may take")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     variants = [parse_variant(x) for x in a.variants]
+    shape_set = [x for x in a.set.split(",") if x]
+    extra = ("--batch", str(a.batch), *(("--quant", a.quant) if a.quant else ()),
+             *(("--set", *shape_set) if shape_set else ()))
     rows = run(variants, a.rounds,
-               lambda v: decode_ms(v, a.context, a.iters, a.timeout, a.model, a.max_seq))
-    print(f"{a.model}, context {a.context}, max_seq {a.max_seq}")
+               lambda v: decode_ms(v, a.context, a.iters, a.timeout, a.model, a.max_seq, extra))
+    shape = " ".join([a.model, *shape_set, f"batch {a.batch}", a.quant or "bf16"])
+    print(f"{shape}, context {a.context}, max_seq {a.max_seq}")
     print(table(rows))
     if a.json:
-        Path(a.json).write_text(json.dumps({"model": a.model, "context": a.context,
+        Path(a.json).write_text(json.dumps({"model": shape, "context": a.context,
                                             "max_seq": a.max_seq, "rows": rows}, indent=1))
     return 0 if all(r["best_ms"] is not None for r in rows) else 1
 

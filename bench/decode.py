@@ -33,7 +33,7 @@ from torch_quant_peer import peer_params  # noqa: E402
 
 import amk  # noqa: E402
 from amk.models.model import Model  # noqa: E402
-from amk.models.presets import PRESETS, random_params  # noqa: E402
+from amk.models.presets import PRESETS, random_params, with_overrides  # noqa: E402
 from amk.quant import FORMATS  # noqa: E402
 
 
@@ -227,6 +227,9 @@ def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(PRESETS),
                     help="the preset shape (amk/models/presets.py; default %(default)s)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                    help="change the preset's shape (a shape that is not a preset), e.g. --set "
+                         "hidden=1536 n_heads=12 n_kv_heads=4 ffn=6144 (amk/models/llama.py DecoderConfig)")
     ap.add_argument("--max-seq", type=int, default=8192,
                     help="KV cache rows, for every context (default %(default)s)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
@@ -247,14 +250,18 @@ def main(argv=None) -> int:
         ap.error(f"--batch must be at least 1, got {a.batch}")
     if a.max_seq < max(a.contexts) or min(a.contexts) < 1:
         ap.error(f"--max-seq {a.max_seq} must hold every context (1..{a.max_seq}), got {a.contexts}")
+    try:
+        cfg = with_overrides(replace(PRESETS[a.model], max_seq=a.max_seq), a.set)
+    except ValueError as e:
+        ap.error(str(e))
+    cfg = cfg if a.layers is None else replace(cfg, n_layers=a.layers)
     if not have_gpu(__file__):
         return 2
-    cfg = replace(PRESETS[a.model], max_seq=a.max_seq)
-    cfg = cfg if a.layers is None else replace(cfg, n_layers=a.layers)
     params = random_params(cfg, device="cuda", seed=0)
     amk_params = quantized(cfg, params, a.quant)
     bw = read_bandwidth()
-    result = {"model": a.model, "max_seq": a.max_seq, "batch": a.batch, "quant": a.quant,
+    result = {"model": " ".join([a.model, *a.set]), "max_seq": a.max_seq, "batch": a.batch,
+              "quant": a.quant,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "read_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes(amk_params) / 1e9,
               "rows": []}

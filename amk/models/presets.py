@@ -5,6 +5,7 @@ pass pipeline, which never look at data.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import torch
@@ -34,6 +35,33 @@ TINY_LLAMA = DecoderConfig(
 
 PRESETS = {"llama-3.2-1b": LLAMA_3_2_1B, "qwen3-0.6b": QWEN3_0_6B, "llama-3-8b": LLAMA_3_8B,
            "tiny-llama": TINY_LLAMA}
+
+
+def with_overrides(cfg: DecoderConfig, items: list[str]) -> DecoderConfig:
+    """cfg with `field=value` items applied (ints, floats, booleans true/false): the shapes that
+    are not presets, e.g. ["hidden=1536", "n_heads=12", "ffn=6144"]."""
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    changes = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or name not in fields or name in ("dtype", "rope_source", "arch"):
+            settable = ", ".join(n for n in fields if n not in ("dtype", "rope_source", "arch"))
+            raise ValueError(f"shape override {item!r}: expected FIELD=VALUE with FIELD one of {settable}")
+        old = getattr(cfg, name)
+        try:
+            if isinstance(old, bool):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                changes[name] = text.lower() in ("true", "1")
+            else:
+                changes[name] = (float if isinstance(old, float) or old is None else int)(text)
+        except ValueError:
+            raise ValueError(f"shape override {item!r}: {name} takes a {type(old).__name__}") from None
+    out = replace(cfg, **changes)
+    if out.n_heads % out.n_kv_heads or min(out.hidden, out.n_layers, out.n_heads, out.head_dim, out.ffn, out.vocab) < 1:
+        raise ValueError(f"shape overrides {items}: heads {out.n_heads} must be a positive multiple of "
+                         f"kv heads {out.n_kv_heads}, and every size at least 1")
+    return out
 
 
 def random_params(cfg: DecoderConfig, device="cpu", seed: int = 0) -> dict:

@@ -43,3 +43,8 @@ def test_without_a_gpu_the_tool_says_so(tool):
     r = _run(tool)
     assert r.returncode == 2, r.stderr
     assert f"{tool} needs a CUDA GPU" in r.stderr
+
+
+def test_decode_refuses_a_bad_shape_override_before_it_needs_a_gpu():
+    r = _run("bench/decode.py", "--set", "hidden=x")
+    assert r.returncode == 2 and "hidden takes a int" in r.stderr, r.stderr
