@@ -219,16 +219,24 @@ def _dequant(inputs, outputs, params):
 GEMM_MIN_ROWS = 16     # tl.dot's smallest M; fewer rows (decode, small batches) take the GEMV
 
 
-def _gemm(x, w, bias, out, M, K, n_off, n_tile):
+def _gemm(x, w, bias, out, M, K, n_off, n_tile, config: kgm.GemmConfig | None = None):
+    """config: the tiles (tests); by default chosen from the shape (kernels_gemm.gemm_config)."""
     # fp32 operands on the CPU interpreter (its bf16 dot is wrong) and for fp32 weights
     upcast = x.device.type != "cuda" or w.element_size() >= 4 or x.element_size() >= 4
-    bm = 64 if M >= 64 else 16
-    bn, bk = 64, _pow2(K, lo=16, hi=32 if upcast else 64)
-    grid = (triton.cdiv(M, bm), triton.cdiv(n_tile, bn))
+    c = config or kgm.gemm_config(M, n_tile, K, upcast, _sm_count(x.device))
+    grid = (triton.cdiv(M, c.block_m) * triton.cdiv(n_tile, c.block_n),)
     kgm.gemm_kernel[grid](x, w, bias if bias is not None else w, out, M, K, n_off,
                           n_off + n_tile, _cols(x), _cols(w), _cols(out),
-                          HAS_BIAS=bias is not None, UPCAST=upcast,
-                          BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+                          HAS_BIAS=bias is not None, UPCAST=upcast, EVEN_K=K % c.block_k == 0,
+                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                          GROUP_M=c.group_m, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # --------------------------------------------------------------------------------------------

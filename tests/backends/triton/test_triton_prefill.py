@@ -62,3 +62,34 @@ def test_gemm_tile_kernel_matches_torch(bias):
     want = x @ w[8:58].T + (b[8:58] if bias else 0)
     torch.testing.assert_close(out[:, 8:58], want, atol=1e-4, rtol=1e-4)
     assert out[:, :8].isnan().all() and out[:, 58:].isnan().all()     # other columns untouched
+
+
+def test_gemm_config_fills_the_gpu_with_the_largest_tiles_that_do():
+    from amk.backends.triton.kernels_gemm import gemm_config
+    tiles = lambda M, N, K=2048, up=False: (lambda c: (c.block_m, c.block_n, c.block_k))(
+        gemm_config(M, N, K, up, sms=132))
+    assert tiles(512, 8192) == (128, 128, 64)      # 256 programs
+    assert tiles(512, 2048) == (128, 64, 64)       # 128x128 would be 64 programs on 132 SMs
+    assert tiles(512, 512) == (64, 64, 64)
+    assert tiles(16, 8192) == (16, 64, 64) and tiles(16, 512) == (16, 32, 64)
+    assert tiles(100, 40, K=40) == (64, 32, 64)
+    assert tiles(512, 8192, up=True) == (64, 64, 32)   # fp32 operands: small fp32 blocks
+
+
+@pytest.mark.parametrize("tiles", [(128, 128, 64, 8), (128, 64, 64, 8), (64, 64, 32, 2),
+                                   (32, 32, 16, 1), (16, 32, 64, 8)])
+def test_gemm_kernel_every_tile_shape_with_ragged_edges_matches_torch(tiles):
+    # ragged M, N and K (masked K tail, wrapped edge rows), a column offset, a bias, and the
+    # grouped program order with fewer row blocks than a group
+    from amk.backends.triton.kernels_gemm import GemmConfig
+    from amk.backends.triton.launch import _gemm
+    bm, bn, bk, group = tiles
+    g = torch.Generator().manual_seed(bm + bn + bk)
+    M, K, N, n_off, n_tile = 150, 136, 200, 24, 170
+    x, w, b = (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g),
+               torch.randn(N, generator=g))
+    out = torch.full((M, N), float("nan"))
+    _gemm(x, w, b, out, M, K, n_off, n_tile, GemmConfig(bm, bn, bk, 4, 3, group))
+    want = (x.double() @ w[n_off:n_off + n_tile].double().T + b[n_off:n_off + n_tile].double())
+    torch.testing.assert_close(out[:, n_off:n_off + n_tile], want.float(), atol=1e-4, rtol=1e-4)
+    assert out[:, :n_off].isnan().all() and out[:, n_off + n_tile:].isnan().all()
