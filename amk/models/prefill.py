@@ -83,18 +83,18 @@ def prefill(model, ids: torch.Tensor, kv: list, backend: str | None = None,
 def chunk_args(model, chunk: Chunk, kv: list):
     """(params, token ids, positions, kv) of a chunk's program, for lowering it ahead of time."""
     tok = torch.zeros(chunk.size, dtype=torch.int32, device=model.device)
-    pos = row_positions(chunk).to(model.device)
+    pos = row_positions(chunk, model.device)
     return model.params, tok, pos, kv
 
 
-def row_positions(chunk: Chunk) -> torch.Tensor:
-    """int32 [size]: the position of each row of the chunk's program. The real tokens but the
-    last, the padding (positions past the prompt), the last real token in the last row."""
-    pos = torch.arange(chunk.start, chunk.start + chunk.size, dtype=torch.int32)
+def row_positions(chunk: Chunk, device=None) -> torch.Tensor:
+    """int32 [size] on device: the position of each row of the chunk's program. The real tokens
+    but the last, the padding (positions past the prompt), the last real token in the last row.
+    Built on the device (no host-to-device copy, which would wait for the previous chunk)."""
+    pos = torch.arange(chunk.start, chunk.start + chunk.size, dtype=torch.int32, device=device)
     if chunk.tokens < chunk.size:
-        last = chunk.start + chunk.tokens - 1
-        pos[chunk.tokens - 1:-1] = pos[chunk.tokens:].clone()
-        pos[-1] = last
+        pos[chunk.tokens - 1:-1] += 1               # the padding, one row earlier
+        pos[-1] = chunk.start + chunk.tokens - 1
     return pos
 
 

@@ -22,7 +22,8 @@ os.environ["TRITON_INTERPRET"] = "1"          # before triton decorates any kern
 pytest.importorskip("triton")
 
 _KERNEL_MODULES = [f"amk.backends.triton.kernels_{m}"
-                   for m in ("elementwise", "gemv", "attention", "movement")]
+                   for m in ("elementwise", "gemv", "gemm", "attention", "block_attention",
+                             "movement")]
 for _m in _KERNEL_MODULES:                    # imported earlier without the interpreter: redo
     if _m in sys.modules:
         importlib.reload(sys.modules[_m])
