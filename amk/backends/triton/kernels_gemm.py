@@ -28,26 +28,26 @@ class GemmConfig:
     group_m: int = 8
 
 
-# bf16 / fp16 operands, largest first: the first whose grid fills the GPU is taken
-_LARGE = (GemmConfig(128, 128, 64, 8, 3), GemmConfig(128, 64, 64, 4, 4),
-          GemmConfig(64, 64, 64, 4, 4))
+# bf16 / fp16 operands, largest first: the first whose grid fills the GPU is taken (a small
+# GEMM is bound by its weight reads, which need many programs in flight)
+_TILES = (GemmConfig(128, 128, 64, 8, 3), GemmConfig(128, 64, 64, 4, 4),
+          GemmConfig(64, 64, 64, 4, 4), GemmConfig(64, 32, 64, 4, 4),
+          GemmConfig(32, 64, 64, 4, 4), GemmConfig(32, 32, 64, 4, 4),
+          GemmConfig(16, 64, 64, 4, 4), GemmConfig(16, 32, 64, 4, 4))
 _FILL = 3 / 4          # a grid of at least this many programs per SM counts as filling the GPU
 
 
 def gemm_config(M: int, N: int, K: int, upcast: bool, sms: int) -> GemmConfig:
-    """The tiles of an [M, K] x [K, N] GEMM. upcast (fp32 operands: ieee products, no tensor
-    cores; or the CPU interpreter) keeps small tiles: fp32 blocks take twice the shared memory."""
+    """The tiles of an [M, K] x [K, N] GEMM on a GPU of `sms` SMs. upcast (fp32 operands: ieee
+    products, no tensor cores; or the CPU interpreter) keeps small tiles: fp32 blocks take
+    twice the shared memory."""
     bk = max(16, min(32 if upcast else 64, triton.next_power_of_2(K)))
     if upcast:
         return GemmConfig(64 if M >= 64 else 16, 64, bk, 4, 2)
-    if M >= 128:
-        for c in _LARGE:
-            if triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n) >= _FILL * sms:
-                return GemmConfig(c.block_m, c.block_n, bk, c.num_warps, c.num_stages)
-        return GemmConfig(64, 64, bk, 4, 4)
-    bm = 64 if M >= 64 else 32 if M >= 32 else 16
-    bn = next((b for b in (128, 64) if triton.cdiv(N, b) * triton.cdiv(M, bm) >= _FILL * sms), 32)
-    return GemmConfig(bm, bn, bk, 4, 4)
+    fits = [c for c in _TILES if c.block_m <= max(M, 16)]      # no tile taller than M
+    c = next((c for c in fits if triton.cdiv(M, c.block_m) * triton.cdiv(N, c.block_n)
+              >= _FILL * sms), fits[-1])
+    return GemmConfig(c.block_m, c.block_n, bk, c.num_warps, c.num_stages)
 
 
 @triton.jit

@@ -71,9 +71,10 @@ def test_gemm_config_fills_the_gpu_with_the_largest_tiles_that_do():
         gemm_config(M, N, K, up, sms=132))
     assert tiles(512, 8192) == (128, 128, 64)      # 256 programs
     assert tiles(512, 2048) == (128, 64, 64)       # 128x128 would be 64 programs on 132 SMs
-    assert tiles(512, 512) == (64, 64, 64)
-    assert tiles(16, 8192) == (16, 64, 64) and tiles(16, 512) == (16, 32, 64)
-    assert tiles(100, 40, K=40) == (64, 32, 64)
+    assert tiles(512, 512) == (64, 32, 64) and tiles(128, 2048) == (64, 32, 64)
+    assert tiles(128, 8192) == (128, 64, 64)
+    assert tiles(16, 8192) == (16, 64, 64) and tiles(16, 512) == (16, 32, 64)   # never taller
+    assert tiles(40, 40, K=40) == (16, 32, 64)     # too small to fill: the smallest tile
     assert tiles(512, 8192, up=True) == (64, 64, 32)   # fp32 operands: small fp32 blocks
 
 
