@@ -77,8 +77,9 @@ def mlp_block(cfg: DecoderConfig, p: dict, x):
 
 
 def last_row(x):
-    """Row T-1 of x [T, H] as [1, H]: a reshape to one row (free) and a column slice (one COPY
-    of H elements). A prompt chunk needs only its last row's logits (amk/models/prefill.py)."""
+    """Row T-1 of x [T, H] as [1, H]: a reshape to one row and a column slice (two COPYs, of
+    T*H and H elements: far less than the final norm and LM head on every row). A prompt chunk
+    needs only its last row's logits (amk/models/prefill.py)."""
     rows, width = x.shape[0], x.shape[1]
     return ops.slice(ops.reshape(x, (1, rows * width)), (rows - 1) * width, rows * width)
 

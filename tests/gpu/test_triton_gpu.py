@@ -321,7 +321,7 @@ def test_prompt_block_attention_on_cuda(n_heads, n_kv, hd, R, start, dt):
     kc = torch.randn(S, n_kv, hd, generator=g).to("cuda", dt)
     vc = torch.randn(S, n_kv, hd, generator=g).to("cuda", dt)
     pos = torch.arange(start, start + R, dtype=torch.int32)
-    pos[R // 2:-1], pos[-1] = pos[R // 2 + 1:].clone(), pos[R // 2]
+    pos[R // 2:-1], pos[-1] = pos[R // 2 + 1:].clone(), int(pos[R // 2])
     out = torch.full((R, n_heads * hd), float("nan"), device="cuda", dtype=torch.float32)
     launch_op(K.ATTENTION_TILE, [q, kc, vc, pos.cuda()], [out],
               {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "scale": hd ** -0.5,

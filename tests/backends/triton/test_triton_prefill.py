@@ -118,6 +118,7 @@ def _causal_attention(q, kc, vc, pos, n_kv, hd, window=0, softcap=0.0):
     (8, 2, 64, 40, {}),                     # GQA rep 4: 32 rows a block, two blocks
     (4, 4, 128, 20, {"window": 5}),         # no GQA, sliding window
     (2, 1, 256, 9, {"softcap": 20.0}),      # head_dim 256 (Gemma), soft-capped scores
+    (6, 2, 16, 11, {}),                     # rep 3: a head block of 4, one lane masked
 ])
 def test_block_attention_kernel_matches_causal_math(n_heads, n_kv, hd, R, extra):
     from amk.backends.triton.launch import launch_op
@@ -127,7 +128,7 @@ def test_block_attention_kernel_matches_causal_math(n_heads, n_kv, hd, R, extra)
     q = torch.randn(R, n_heads * hd, generator=g)
     kc, vc = torch.randn(S, n_kv, hd, generator=g), torch.randn(S, n_kv, hd, generator=g)
     pos = torch.arange(start, start + R, dtype=torch.int32)
-    pos[R // 2:-1], pos[-1] = pos[R // 2 + 1:].clone(), pos[R // 2]   # a padded chunk's order
+    pos[R // 2:-1], pos[-1] = pos[R // 2 + 1:].clone(), int(pos[R // 2])   # a padded chunk's order
     out = torch.full((R, n_heads * hd), float("nan"))
     params = {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "scale": hd ** -0.5,
               "kv_start": 0, "kv_len": S, "flags": 0, **extra}
