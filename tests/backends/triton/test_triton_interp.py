@@ -485,9 +485,14 @@ def test_backend_refuses_invalid_programs_and_bad_bindings():
     b = make("cpu")
     del b["wq"]
     b["kv.k"] = b["kv.k"].to(torch.float64)
+    b["kv.v"] = b["kv.v"].transpose(0, 1).contiguous().transpose(0, 1)   # right shape, strided
     with pytest.raises(TraceError, match="wq") as e:
         tp.run(b)
-    assert "kv.k" in str(e.value)
+    msg = str(e.value)
+    assert "'wq'" in msg and "no binding" in msg
+    assert "kv.k" in msg and "dtype torch.float64" in msg
+    assert "kv.v" in msg and "not contiguous" in msg
+    tp.run(make("cpu"))                   # good bindings after bad ones run
 
 
 def test_backend_keeps_no_reference_to_bound_tensors_after_a_run():
