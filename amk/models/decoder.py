@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amk import ops
-from amk.models.llama import DecoderConfig
+from amk.models.llama import DecoderConfig, last_row
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,9 @@ def mlp_block(cfg: FamilyConfig, p: dict, h):
     return ops.linear(act, p["w_down"], p.get("b_down"))
 
 
-def decode_step(cfg: FamilyConfig, params: dict, token, pos, kv: list):
-    """One decode position for every sequence: (next ids int32 [B], logits [B, V], new kv)."""
+def decode_step(cfg: FamilyConfig, params: dict, token, pos, kv: list, last_only: bool = False):
+    """One decode position for every sequence: (next ids int32 [B], logits [B, V], new kv).
+    last_only: the final norm and LM head on the last row only (logits [1, V]): a prompt chunk."""
     x = ops.embed(params["embed"], token)
     if cfg.embed_scale is not None:
         x = ops.mul(x, cfg.embed_scale)
@@ -106,6 +107,8 @@ def decode_step(cfg: FamilyConfig, params: dict, token, pos, kv: list):
             m = _norm(cfg, m, p, "mlp_post_norm")
         x = ops.add(x, m)
         new_kv.append(cache)
+    if last_only:
+        x = last_row(x)
     x = _norm(cfg, x, params, "norm")
     logits = ops.linear(x, params["lm_head"], params.get("lm_head_b"))
     if cfg.final_softcap is not None:
@@ -113,9 +116,9 @@ def decode_step(cfg: FamilyConfig, params: dict, token, pos, kv: list):
     return ops.argmax(logits), logits, new_kv
 
 
-def make_decode_step(cfg: FamilyConfig):
+def make_decode_step(cfg: FamilyConfig, last_only: bool = False):
     def family_decode_step(params, token, pos, kv):
-        return decode_step(cfg, params, token, pos, kv)
+        return decode_step(cfg, params, token, pos, kv, last_only)
 
-    family_decode_step.__qualname__ = f"{cfg.arch}_decode_step"
+    family_decode_step.__qualname__ = f"{cfg.arch}_{'prefill' if last_only else 'decode'}_step"
     return family_decode_step

@@ -76,10 +76,19 @@ def mlp_block(cfg: DecoderConfig, p: dict, x):
     return ops.linear(ops.silu_mul(gate, up), p["w_down"], p.get("b_down"))
 
 
-def decode_step(cfg: DecoderConfig, params: dict, token, pos, kv: list):
+def last_row(x):
+    """Row T-1 of x [T, H] as [1, H]: a reshape to one row and a column slice (two COPYs, of
+    T*H and H elements: far less than the final norm and LM head on every row). A prompt chunk
+    needs only its last row's logits (amk/models/prefill.py)."""
+    rows, width = x.shape[0], x.shape[1]
+    return ops.slice(ops.reshape(x, (1, rows * width)), (rows - 1) * width, rows * width)
+
+
+def decode_step(cfg: DecoderConfig, params: dict, token, pos, kv: list, last_only: bool = False):
     """One decode position for every sequence of the batch.
 
     token int32 [B], pos int32 [1]. Returns (next token ids int32 [B], logits [B, V], new kv).
+    last_only: the final norm and LM head on the last row only (logits [1, V]): a prompt chunk.
     """
     inv_freq = params["inv_freq"]
     x = ops.embed(params["embed"], token)
@@ -89,16 +98,19 @@ def decode_step(cfg: DecoderConfig, params: dict, token, pos, kv: list):
         x = ops.add(x, a)
         x = ops.add(x, mlp_block(cfg, p, x))
         new_kv.append(cache)
+    if last_only:
+        x = last_row(x)
     x = ops.rmsnorm(x, params["norm"], cfg.rms_eps)
     logits = ops.linear(x, params["lm_head"])
     return ops.argmax(logits), logits, new_kv
 
 
-def make_decode_step(cfg: DecoderConfig):
-    """`decode_step` with the config bound: the `fn(params, token, pos, kv)` that amk.jit takes."""
+def make_decode_step(cfg: DecoderConfig, last_only: bool = False):
+    """`decode_step` with the config bound: the `fn(params, token, pos, kv)` that amk.jit takes.
+    last_only: the prompt-chunk step (logits of the chunk's last row only)."""
 
     def llama_decode_step(params, token, pos, kv):
-        return decode_step(cfg, params, token, pos, kv)
+        return decode_step(cfg, params, token, pos, kv, last_only)
 
-    llama_decode_step.__qualname__ = f"{cfg.arch}_decode_step"
+    llama_decode_step.__qualname__ = f"{cfg.arch}_{'prefill' if last_only else 'decode'}_step"
     return llama_decode_step

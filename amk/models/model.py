@@ -14,9 +14,10 @@ from amk.errors import TraceError
 from amk.models.llama import DecoderConfig, make_decode_step
 
 
-def _step_for(config: DecoderConfig):
+def _step_for(config: DecoderConfig, last_only: bool = False):
     from amk.models.decoder import FamilyConfig, make_decode_step as make_family_step
-    return make_family_step(config) if isinstance(config, FamilyConfig) else make_decode_step(config)
+    make = make_family_step if isinstance(config, FamilyConfig) else make_decode_step
+    return make(config, last_only)
 
 
 class Model:
@@ -26,7 +27,9 @@ class Model:
         self.tokenizer = tokenizer
         self.hf_config = hf_config
         self.fn = _step_for(config)
+        self.prefill_fn = _step_for(config, last_only=True)    # logits of a chunk's last row
         self._steps: dict = {}
+        self._prefill_steps: dict = {}
         self._generation_kv: dict = {}      # generate's caches, kept between calls
         self.last_stats = None          # GenerationStats of the last generate call
 
@@ -67,20 +70,26 @@ class Model:
 
     def jit(self, backend: str | None = None):
         """The amk.jit'ed decode step for `backend` (None = AMK's default), built once."""
-        if backend not in self._steps:
+        return self._jitted(self._steps, self.fn, backend)
+
+    def prefill_jit(self, backend: str | None = None):
+        """The jitted step for prompt chunks: the decode step with the final norm and LM head on
+        the chunk's last row only (logits [1, V]). The CUDA megakernel runs one position per
+        step, so on the cuda backend (the default on a GPU) chunks run on the triton backend."""
+        from amk import knobs
+        resolved = backend or knobs.backend() or ("cuda" if self.device.type == "cuda" else None)
+        return self._jitted(self._prefill_steps, self.prefill_fn,
+                            "triton" if resolved == "cuda" else backend)
+
+    @staticmethod
+    def _jitted(steps: dict, fn, backend: str | None):
+        if backend not in steps:
             import amk
             kw = {"donate": ("kv",)}
             if backend is not None:
                 kw["backend"] = backend
-            self._steps[backend] = amk.jit(self.fn, **kw)
-        return self._steps[backend]
-
-    def prefill_jit(self, backend: str | None = None):
-        """The jitted step for prompt chunks. The CUDA megakernel runs one position per step,
-        so on the cuda backend (the default on a GPU) chunks run on the triton backend."""
-        from amk import knobs
-        resolved = backend or knobs.backend() or ("cuda" if self.device.type == "cuda" else None)
-        return self.jit("triton" if resolved == "cuda" else backend)
+            steps[backend] = amk.jit(fn, **kw)
+        return steps[backend]
 
     @property
     def step(self):

@@ -12,6 +12,12 @@ size) as one chunk of the smallest size, padded. A 1000-token prompt: 512 + 512 
 positions past the prompt: causal attention keeps them out of every real row, and the decode
 steps that follow overwrite their cache rows before anything reads them (a decode step at pos p
 writes row p and reads rows <= p).
+
+The chunk program computes the final norm and LM head on its last row only (Model.prefill_jit:
+logits [1, V]), so a padded chunk puts its last real token in that row: rows are the first
+tokens - 1 real tokens, then the padding, then the last real token (`row_positions`). Every
+op reads a row's own position (kv_update writes row t to cache row pos[t], attention is causal
+by pos[t]), so the order of the rows changes nothing else.
 """
 from __future__ import annotations
 
@@ -64,9 +70,11 @@ def prefill(model, ids: torch.Tensor, kv: list, backend: str | None = None,
     logits = None
     for c in plan_chunks(ids.numel(), 0, model.config.max_seq, sizes):
         params, tok, pos, _ = chunk_args(model, c, kv)   # size 1: the decode step's signature
-        tok[:c.tokens] = ids[c.start:c.start + c.tokens]
+        n = c.tokens - 1
+        tok[:n] = ids[c.start:c.start + n]
+        tok[c.size - 1] = ids[c.start + n]               # the last real token: the last row
         _, out_logits, kv = step(params, tok, pos, kv)
-        logits = out_logits.reshape(c.size, -1)[c.tokens - 1]
+        logits = out_logits.reshape(-1)                   # [V]: the last row's
         if on_chunk is not None:
             on_chunk(c)
     return logits
@@ -75,12 +83,19 @@ def prefill(model, ids: torch.Tensor, kv: list, backend: str | None = None,
 def chunk_args(model, chunk: Chunk, kv: list):
     """(params, token ids, positions, kv) of a chunk's program, for lowering it ahead of time."""
     tok = torch.zeros(chunk.size, dtype=torch.int32, device=model.device)
-    if chunk.size == 1:
-        pos = torch.full((1,), chunk.start, dtype=torch.int32, device=model.device)
-    else:
-        pos = torch.arange(chunk.start, chunk.start + chunk.size, dtype=torch.int32,
-                           device=model.device)
+    pos = row_positions(chunk, model.device)
     return model.params, tok, pos, kv
+
+
+def row_positions(chunk: Chunk, device=None) -> torch.Tensor:
+    """int32 [size] on device: the position of each row of the chunk's program. The real tokens
+    but the last, the padding (positions past the prompt), the last real token in the last row.
+    Built on the device (no host-to-device copy, which would wait for the previous chunk)."""
+    pos = torch.arange(chunk.start, chunk.start + chunk.size, dtype=torch.int32, device=device)
+    if chunk.tokens < chunk.size:
+        pos[chunk.tokens - 1:-1] += 1               # the padding, one row earlier
+        pos[-1] = chunk.start + chunk.tokens - 1
+    return pos
 
 
 def compile_prefill(model, n_tokens: int, backend: str | None = None,

@@ -66,6 +66,32 @@ def test_1000_token_prompt_in_two_512_row_chunks_gives_transformers_tokens(backe
     assert exe.captures <= 2        # a new call's cache: at most one more capture
 
 
+def test_1000_token_bf16_prefill_on_triton_matches_the_reference_vm():
+    # a Llama-3-shaped head (head_dim 64, GQA 4) in bf16: the tensor-core GEMM tiles, the block
+    # attention and the last-row LM head of the triton chunks against the reference VM's prefill
+    from amk.models import from_hf
+    from amk.models.prefill import prefill
+    torch.manual_seed(11)
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1024,
+                                   num_hidden_layers=2, num_attention_heads=8,
+                                   num_key_value_heads=2, max_position_embeddings=1280,
+                                   initializer_range=0.05)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    m = from_hf(hf, max_seq=1272, dtype=torch.bfloat16).to("cuda")
+    ids = torch.randint(0, 512, (1000,), generator=torch.Generator().manual_seed(3))
+    kv_ref, kv_tri = m.new_kv(), m.new_kv()
+    want = prefill(m, ids, kv_ref, "reference").float()
+    got = prefill(m, ids, kv_tri, "triton").float()
+    assert got.shape == want.shape == (512,)
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()
+    # the same token, unless the reference's top two are closer than the tolerance
+    assert float(want[int(got.argmax())]) >= float(want.max()) - 2e-2 * float(want.abs().max())
+    for a, b in zip(kv_tri, kv_ref):          # every prompt row's K/V (rows past 1000: padding)
+        for name in ("k", "v"):
+            torch.testing.assert_close(a[name][:1000].float(), b[name][:1000].float(),
+                                       rtol=3e-2, atol=3e-2)
+
+
 def test_seeded_sampling_repeats_on_the_gpu():
     from amk.models import from_hf
     m = from_hf(_tiny_hf(seed=2), max_seq=64)

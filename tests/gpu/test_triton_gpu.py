@@ -288,6 +288,54 @@ def test_prompt_block_gemm_on_cuda(dt):
     assert out[:, :16].isnan().all() and out[:, 80:].isnan().all()
 
 
+@needs_cuda
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("M,N,K", [(512, 8192, 1024), (512, 2048, 2048), (300, 512, 520),
+                                   (16, 4096, 2048), (100, 200, 96)])
+def test_prompt_gemm_tile_shapes_on_cuda(M, N, K, dt):
+    """Each tile choice of kernels_gemm.gemm_config (128x128, 128x64, 64x64 with a K tail,
+    16-row blocks, 64/32 rows), with a bias, against float64."""
+    from amk.backends.triton.launch import launch_op
+    g = torch.Generator().manual_seed(M + N)
+    xd, wd, bd = (t.to("cuda", dt) for t in (torch.randn(M, K, generator=g),
+                                             torch.randn(N, K, generator=g) / K ** 0.5,
+                                             torch.randn(N, generator=g)))
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+    launch_op(K.GEMM_TILE, [xd, wd, bd], [out], {"n_off": 0, "N_tile": N, "K": K})
+    want = (xd.double() @ wd.double().T + bd.double()).float()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n_heads,n_kv,hd,R,start", [(32, 8, 64, 512, 488), (16, 8, 128, 128, 0),
+                                                     (8, 4, 256, 16, 900), (4, 4, 64, 37, 5)])
+def test_prompt_block_attention_on_cuda(n_heads, n_kv, hd, R, start, dt):
+    """The flash-style block attention (kernels_block_attention) of a prompt chunk over the
+    cache rows before it plus its own causal part, rows in a padded chunk's order, against
+    float64 math on the same (rounded) operands."""
+    from amk.backends.triton.launch import launch_op
+    g = torch.Generator().manual_seed(hd + R)
+    S = 1272
+    q = torch.randn(R, n_heads * hd, generator=g).to("cuda", dt)
+    kc = torch.randn(S, n_kv, hd, generator=g).to("cuda", dt)
+    vc = torch.randn(S, n_kv, hd, generator=g).to("cuda", dt)
+    pos = torch.arange(start, start + R, dtype=torch.int32)
+    pos[R // 2:-1], pos[-1] = pos[R // 2 + 1:].clone(), int(pos[R // 2])
+    out = torch.full((R, n_heads * hd), float("nan"), device="cuda", dtype=torch.float32)
+    launch_op(K.ATTENTION_TILE, [q, kc, vc, pos.cuda()], [out],
+              {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "scale": hd ** -0.5,
+               "kv_start": 0, "kv_len": S, "flags": 0})
+    rep = n_heads // n_kv
+    want = torch.empty(R, n_heads, hd, dtype=torch.float64, device="cuda")
+    for t, p in enumerate(pos.tolist()):
+        kk = kc[:p + 1].double().repeat_interleave(rep, dim=1)
+        vv = vc[:p + 1].double().repeat_interleave(rep, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[t].double().view(n_heads, hd), kk) * hd ** -0.5
+        want[t] = torch.einsum("hn,nhd->hd", s.softmax(-1), vv)
+    torch.testing.assert_close(out, want.reshape(R, -1).float(), rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------------------------ whole program
 STEPS = [(7, 0), (3, 1), (50, 2), (9, 9), (1, 15)]
 

@@ -76,11 +76,10 @@ def test_256_token_prompt_gives_transformers_tokens_at_most_16_decode_steps_of_w
     # Cost proxy: task executions of the reference VM. Each task is one dispatch plus one torch
     # call over its weight tile; at these sizes that dispatch is what a task costs, for 1 row or
     # 128 (the wall clock on a real model is bench/generate.py --backend reference).
-    work = _vm_work(model.jit("reference"))
-    decode_runs, decode_tasks = work.pop(1)
+    decode_runs, decode_tasks = _vm_work(model.jit("reference")).pop(1)
     per_step = decode_tasks / decode_runs
     assert decode_runs == 7
-    prefill_tasks = sum(t for _, t in work.values())
+    prefill_tasks = sum(t for _, t in _vm_work(model.prefill_jit("reference")).values())
     assert prefill_tasks <= 16 * per_step, (prefill_tasks, per_step)
 
 
@@ -186,3 +185,26 @@ def test_a_rest_of_3_4_of_a_chunk_runs_as_one_padded_chunk_with_transformers_tok
     model = from_hf(hf, max_seq=160)
     assert model.generate(ids, 4, backend="reference") == want
     assert [(c.size, c.tokens) for c in model.last_stats.prefill_chunks] == [(128, 120)]
+
+
+def test_a_padded_chunk_puts_its_last_real_token_in_the_last_row():
+    from amk.models.prefill import row_positions
+    assert row_positions(Chunk(10, 8, 5)).tolist() == [10, 11, 12, 13, 15, 16, 17, 14]
+    assert row_positions(Chunk(10, 4, 4)).tolist() == [10, 11, 12, 13]
+    assert row_positions(Chunk(3, 4, 1)).tolist() == [4, 5, 6, 3]
+    assert row_positions(Chunk(7, 1, 1)).tolist() == [7]
+
+
+def test_the_chunk_program_runs_norm_and_lm_head_on_its_last_row_only():
+    hf = tiny_llama(seed=6)
+    ids = torch.randint(0, VOCAB, (13,), generator=torch.Generator().manual_seed(2))
+    model = from_hf(hf, max_seq=32)
+    from amk.models.prefill import chunk_args, prefill
+    low = model.prefill_jit("reference").lower(*chunk_args(model, Chunk(0, 16, 13), model.new_kv()))
+    heads = [t for t in low.program.tasks if "lm_head" in t.name]
+    assert heads and all(low.program.buffers[t.outputs[0]].shape[0] == 1 for t in heads)
+    logits = prefill(model, ids, model.new_kv(), "reference", sizes=(16,))   # one padded chunk
+    with torch.no_grad():
+        ref = hf(ids[None].long()).logits[0, -1]
+    assert logits.shape == ref.shape
+    assert (logits - ref).abs().max() / ref.abs().max() < 1e-5

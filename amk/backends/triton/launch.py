@@ -22,6 +22,7 @@ from amk.program.recipe import INPUT, OUTPUT, checked_recipe
 from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE flags bits
 
 from amk.backends.triton import kernels_attention as ka
+from amk.backends.triton import kernels_block_attention as kba
 from amk.backends.triton import kernels_elementwise as ke
 from amk.backends.triton import kernels_gemm as kgm
 from amk.backends.triton import kernels_gemv as kg
@@ -219,16 +220,24 @@ def _dequant(inputs, outputs, params):
 GEMM_MIN_ROWS = 16     # tl.dot's smallest M; fewer rows (decode, small batches) take the GEMV
 
 
-def _gemm(x, w, bias, out, M, K, n_off, n_tile):
+def _gemm(x, w, bias, out, M, K, n_off, n_tile, config: kgm.GemmConfig | None = None):
+    """config: the tiles (tests); by default chosen from the shape (kernels_gemm.gemm_config)."""
     # fp32 operands on the CPU interpreter (its bf16 dot is wrong) and for fp32 weights
     upcast = x.device.type != "cuda" or w.element_size() >= 4 or x.element_size() >= 4
-    bm = 64 if M >= 64 else 16
-    bn, bk = 64, _pow2(K, lo=16, hi=32 if upcast else 64)
-    grid = (triton.cdiv(M, bm), triton.cdiv(n_tile, bn))
+    c = config or kgm.gemm_config(M, n_tile, K, upcast, _sm_count(x.device))
+    grid = (triton.cdiv(M, c.block_m) * triton.cdiv(n_tile, c.block_n),)
     kgm.gemm_kernel[grid](x, w, bias if bias is not None else w, out, M, K, n_off,
                           n_off + n_tile, _cols(x), _cols(w), _cols(out),
-                          HAS_BIAS=bias is not None, UPCAST=upcast,
-                          BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+                          HAS_BIAS=bias is not None, UPCAST=upcast, EVEN_K=K % c.block_k == 0,
+                          BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                          GROUP_M=c.group_m, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,8 +301,12 @@ def _attention_tile(inputs, outputs, params):
         raise ValidationError(f"attention: output has {out.numel()} elements, expected {want} "
                               f"({'[acc|m|l] partials' if partial else 'heads'} of B={B})")
     block_h, block_d = _pow2(rep, lo=1), _pow2(hd)
-    block_n = max(8, min(64, 8192 // (block_h * block_d)))
     row = n_kv * hd
+    if block and not partial and int(params.get("kv_shards", 1)) == 1:
+        _block_attention(q, k, v, pos, out, params, hd, n_heads, rep, max_seq, lo, kv_end,
+                         h_off, h_count, row)
+        return
+    block_n = max(8, min(64, 8192 // (block_h * block_d)))
     # A long window is split over several programs (flash-decoding) and merged by the combine
     # kernel: one program per kv group scanning 4096 rows alone would idle the GPU.
     splits = 1 if partial else triton.cdiv(max(kv_end - lo, 1), SPLIT_ROWS)
@@ -311,6 +324,26 @@ def _attention_tile(inputs, outputs, params):
     if splits > 1:
         ka.combine_stacked_kernel[(h_count, B)](out, target, splits, target.stride(0), hd,
                                                 n_heads, h_off, BLOCK_D=block_d)
+
+
+def _block_attention(q, k, v, pos, out, params, hd, n_heads, rep, max_seq, lo, kv_end,
+                     h_off, h_count, row):
+    """A prompt block's whole attention (one cache, no split-KV shard): BLOCK_M query rows
+    times the rep q heads of a kv head are one Q tile of at most 128 (64 for head_dim > 128)."""
+    upcast = q.device.type != "cuda" or k.element_size() >= 4 or q.element_size() >= 4
+    R = pos.numel()
+    block_h, block_d = _pow2(rep, lo=1), _pow2(hd)
+    tile = 128 if block_d <= 128 else 64
+    block_m = max(1, min(tile // block_h, triton.next_power_of_2(R)))
+    block_m = max(block_m, triton.cdiv(16, block_h))         # tl.dot's smallest M: 16
+    block_n = 64 if block_d <= 64 else 32
+    big = block_m * block_h * block_d >= 128 * 128
+    kba.block_attention_kernel[(triton.cdiv(R, block_m), h_count // rep)](
+        q, k, v, pos, out, R, hd, n_heads, rep, max_seq, lo, kv_end, h_off // rep,
+        float(params.get("scale", 1.0 / hd ** 0.5)), int(params.get("window", 0)),
+        float(params.get("softcap", 0.0)), row, UPCAST=upcast,
+        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=8 if big else 4, num_stages=2)
 
 
 SPLIT_ROWS = 256                      # cache rows per program in a split (non-partial) attention

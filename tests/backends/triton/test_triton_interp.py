@@ -22,7 +22,8 @@ os.environ["TRITON_INTERPRET"] = "1"          # before triton decorates any kern
 pytest.importorskip("triton")
 
 _KERNEL_MODULES = [f"amk.backends.triton.kernels_{m}"
-                   for m in ("elementwise", "gemv", "attention", "movement")]
+                   for m in ("elementwise", "gemv", "gemm", "attention", "block_attention",
+                             "movement")]
 for _m in _KERNEL_MODULES:                    # imported earlier without the interpreter: redo
     if _m in sys.modules:
         importlib.reload(sys.modules[_m])
@@ -484,9 +485,14 @@ def test_backend_refuses_invalid_programs_and_bad_bindings():
     b = make("cpu")
     del b["wq"]
     b["kv.k"] = b["kv.k"].to(torch.float64)
+    b["kv.v"] = b["kv.v"].transpose(0, 1).contiguous().transpose(0, 1)   # right shape, strided
     with pytest.raises(TraceError, match="wq") as e:
         tp.run(b)
-    assert "kv.k" in str(e.value)
+    msg = str(e.value)
+    assert "'wq'" in msg and "no binding" in msg
+    assert "kv.k" in msg and "dtype torch.float64" in msg
+    assert "kv.v" in msg and "not contiguous" in msg
+    tp.run(make("cpu"))                   # good bindings after bad ones run
 
 
 def test_backend_keeps_no_reference_to_bound_tensors_after_a_run():

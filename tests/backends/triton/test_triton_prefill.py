@@ -15,7 +15,8 @@ if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 os.environ["TRITON_INTERPRET"] = "1"          # before triton decorates any kernel
 pytest.importorskip("triton")
 transformers = pytest.importorskip("transformers")
-for _m in [f"amk.backends.triton.kernels_{m}" for m in ("elementwise", "gemv", "gemm", "attention", "movement")]:
+for _m in [f"amk.backends.triton.kernels_{m}"
+           for m in ("elementwise", "gemv", "gemm", "attention", "block_attention", "movement")]:
     if _m in sys.modules:                     # imported earlier without the interpreter: redo
         importlib.reload(sys.modules[_m])
 
@@ -62,3 +63,84 @@ def test_gemm_tile_kernel_matches_torch(bias):
     want = x @ w[8:58].T + (b[8:58] if bias else 0)
     torch.testing.assert_close(out[:, 8:58], want, atol=1e-4, rtol=1e-4)
     assert out[:, :8].isnan().all() and out[:, 58:].isnan().all()     # other columns untouched
+
+
+def test_gemm_config_fills_the_gpu_with_the_largest_tiles_that_do():
+    from amk.backends.triton.kernels_gemm import gemm_config
+    tiles = lambda M, N, K=2048, up=False: (lambda c: (c.block_m, c.block_n, c.block_k))(
+        gemm_config(M, N, K, up, sms=132))
+    assert tiles(512, 8192) == (128, 128, 64)      # 256 programs
+    assert tiles(512, 2048) == (128, 64, 64)       # 128x128 would be 64 programs on 132 SMs
+    assert tiles(512, 512) == (64, 32, 64) and tiles(128, 2048) == (64, 32, 64)
+    assert tiles(128, 8192) == (128, 64, 64)
+    assert tiles(16, 8192) == (16, 64, 64) and tiles(16, 512) == (16, 32, 64)   # never taller
+    assert tiles(40, 40, K=40) == (16, 32, 64)     # too small to fill: the smallest tile
+    assert tiles(512, 8192, up=True) == (64, 64, 32)   # fp32 operands: small fp32 blocks
+
+
+@pytest.mark.parametrize("tiles", [(128, 128, 64, 8), (128, 64, 64, 8), (64, 64, 32, 2),
+                                   (32, 32, 16, 1), (16, 32, 64, 8)])
+def test_gemm_kernel_every_tile_shape_with_ragged_edges_matches_torch(tiles):
+    # ragged M, N and K (masked K tail, wrapped edge rows), a column offset, a bias, and the
+    # grouped program order with fewer row blocks than a group
+    from amk.backends.triton.kernels_gemm import GemmConfig
+    from amk.backends.triton.launch import _gemm
+    bm, bn, bk, group = tiles
+    g = torch.Generator().manual_seed(bm + bn + bk)
+    M, K, N, n_off, n_tile = 150, 136, 200, 24, 170
+    x, w, b = (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g),
+               torch.randn(N, generator=g))
+    out = torch.full((M, N), float("nan"))
+    _gemm(x, w, b, out, M, K, n_off, n_tile, GemmConfig(bm, bn, bk, 4, 3, group))
+    want = (x.double() @ w[n_off:n_off + n_tile].double().T + b[n_off:n_off + n_tile].double())
+    torch.testing.assert_close(out[:, n_off:n_off + n_tile], want.float(), atol=1e-4, rtol=1e-4)
+    assert out[:, :n_off].isnan().all() and out[:, n_off + n_tile:].isnan().all()
+
+
+def _causal_attention(q, kc, vc, pos, n_kv, hd, window=0, softcap=0.0):
+    """Row t attends cache rows [0, pos[t]] (within the window), in float64, independently."""
+    R, n_heads = q.shape[0], q.shape[1] // hd
+    rep = n_heads // n_kv
+    out = torch.zeros(R, n_heads, hd, dtype=torch.float64)
+    for t, p in enumerate(pos.tolist()):
+        lo = max(0, p + 1 - window) if window else 0
+        kk = kc[lo:p + 1].double().repeat_interleave(rep, dim=1)        # [n, heads, hd]
+        vv = vc[lo:p + 1].double().repeat_interleave(rep, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[t].double().view(n_heads, hd), kk) / hd ** 0.5
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        out[t] = torch.einsum("hn,nhd->hd", s.softmax(-1), vv)
+    return out.reshape(R, -1)
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd,R,extra", [
+    (4, 2, 8, 6, {}),                       # head_dim padded to 16, one row block
+    (8, 2, 64, 40, {}),                     # GQA rep 4: 32 rows a block, two blocks
+    (4, 4, 128, 20, {"window": 5}),         # no GQA, sliding window
+    (2, 1, 256, 9, {"softcap": 20.0}),      # head_dim 256 (Gemma), soft-capped scores
+    (6, 2, 16, 11, {}),                     # rep 3: a head block of 4, one lane masked
+])
+def test_block_attention_kernel_matches_causal_math(n_heads, n_kv, hd, R, extra):
+    from amk.backends.triton.launch import launch_op
+    from amk.program.ir import InstructionKind as K
+    g = torch.Generator().manual_seed(hd + R)
+    S, start = 80, 23                        # cache rows before the block: [0, start)
+    q = torch.randn(R, n_heads * hd, generator=g)
+    kc, vc = torch.randn(S, n_kv, hd, generator=g), torch.randn(S, n_kv, hd, generator=g)
+    pos = torch.arange(start, start + R, dtype=torch.int32)
+    pos[R // 2:-1], pos[-1] = pos[R // 2 + 1:].clone(), int(pos[R // 2])   # a padded chunk's order
+    out = torch.full((R, n_heads * hd), float("nan"))
+    params = {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "scale": hd ** -0.5,
+              "kv_start": 0, "kv_len": S, "flags": 0, **extra}
+    launch_op(K.ATTENTION_TILE, [q, kc, vc, pos], [out], params)
+    want = _causal_attention(q, kc, vc, pos, n_kv, hd, **extra)
+    torch.testing.assert_close(out, want.float(), atol=2e-5, rtol=1e-4)
+    # a head range (one task's kv groups) writes only its heads
+    half = torch.full_like(out, float("nan"))
+    rep = n_heads // n_kv
+    if n_kv > 1:
+        launch_op(K.ATTENTION_TILE, [q, kc, vc, pos], [half],
+                  {**params, "h_off": rep, "h_count": rep})
+        cols = slice(rep * hd, 2 * rep * hd)
+        torch.testing.assert_close(half[:, cols], out[:, cols], atol=0, rtol=0)
+        assert half[:, :rep * hd].isnan().all() and half[:, 2 * rep * hd:].isnan().all()
