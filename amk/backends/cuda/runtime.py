@@ -20,7 +20,7 @@ from amk.program.ir import BufferKind, InstructionKind, Program
 from amk.program.validate import validate as validate_program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import render_lowered
-from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
+from amk.backends.cuda.smem import cta_threads, smem_bytes
 from amk.backends.cuda.compile import compile_source
 from amk.backends.cuda.driver import Kernel
 from amk.backends.cuda.fault_mirror import FaultMirror
@@ -65,7 +65,7 @@ class CudaProgram:
         # (fault_mirror.py). amk.jit's steps run this way; True keeps run() = launch + check.
         self.sync_each_run = sync_each_run
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.nthreads, smem = NTHREADS, SMEM_BYTES
+        self.nthreads, smem = cta_threads(options.kernel), smem_bytes(options.kernel)
         t0 = time.perf_counter()
         self.lowered = low = lower_program_cached(program, sm_count, options)
         self.source = render_lowered(low, options)
