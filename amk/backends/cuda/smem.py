@@ -16,8 +16,8 @@ Kernel v2 (ring.py): the same 512 consumer threads plus one producer warp, and
 from __future__ import annotations
 
 NTHREADS = 512                   # threads of the one persistent CTA an SM (v2: its consumers)
-# v2: a producer warpgroup after them (one thread of it streams). setmaxnreg, which moves
-# registers between roles, works on whole warpgroups, and a CTA of 17 warps launches with 96
+# v2: a producer warpgroup after them (a lane of its first warp streams each ring page).
+# setmaxnreg, which moves registers between roles, works on whole warpgroups, and a CTA of 17 warps launches with 96
 # registers a thread (5 warps on one SM sub-partition's 16 K registers), so every consumer
 # function spilled. 20 warps launch with 96; the producers give theirs back (setmaxnreg.dec to
 # PRODUCER_REGS) and the consumers take 120 (inc): a sub-partition's 4 consumer warps and 1

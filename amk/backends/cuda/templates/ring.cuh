@@ -61,63 +61,84 @@ __device__ __forceinline__ void direct_load_ring(uint4 (&wv)[2][GU], char* smem,
 }
 
 #if AMK_KERNEL_V2
-// The producer's wait for page q % PAGES to be empty (item q - PAGES taken). False: the kernel is
-// aborting (the consumers stop), or no page was freed for 2 watchdogs (FAULT_DEADLOCK raised:
-// the consumers' own counter waits report a stuck schedule first, within one watchdog).
-__device__ __noinline__ bool ring_wait_empty_slow(unsigned q, const KernelArgs& A, int task_id) {
-  const unsigned pg = q % AMK_RING_PAGES, par = (q / AMK_RING_PAGES - 1u) & 1u;
+#define RING_LANES ((1u << AMK_RING_PAGES) - 1u)   // the producer lanes, one a page
+__device__ __forceinline__ bool mbar_test_wait(unsigned long long* b, unsigned parity) {
+  unsigned ok;
+  asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(ok) : "r"(smem_u32(b)) , "r"(parity) : "memory");
+  return ok != 0;
+}
+
+// Lane 0, for every producer lane, when no lane has moved for a while: 1 the kernel is
+// aborting (the consumers stop), 2 no page was freed for 2 watchdogs since t_idle (the
+// consumers stopped taking items: a bug; FAULT_DEADLOCK raised; the consumers' own counter
+// waits report a stuck schedule first, within one watchdog), else 0.
+__device__ __noinline__ int ring_stop(const KernelArgs& A, unsigned long long t_idle, int task_id) {
   KernelState* st = (KernelState*)A.state;
-  const unsigned long long t0 = global_timer();
+  if (ld_volatile(&st->abort) != 0) return 1;
+  if (global_timer() - t_idle <= 2 * A.watchdog_ns) return 0;
+  raise_fault(st, FAULT_DEADLOCK, task_id, -1);
+  atomicExch(&st->abort, 1u);
+  return 2;
+}
+
+// One RING step's items, in ring.py item_copies' order and layout: producer lane pg copies its
+// page's (q = q0 + it = pg mod PAGES), each once the page's previous item is taken. The lanes
+// poll together (test_wait, no lane suspended while another's page is free) and stop together.
+// The proxy fence orders the consumers' generic reads of the page (visible through the empty
+// barrier's phase) before the copy's async-proxy writes into it.
+__device__ __forceinline__ bool ring_produce_step(const TaskDesc* s, const unsigned long long* ptrs,
+                                                  char* smem, unsigned q0, unsigned pg, const KernelArgs& A,
+                                                  int& items) {
+  const int nmat = s->ip[P_GEMV_RING], n_off = s->ip[P_GEMV_N_OFF], n_tile = s->ip[P_GEMV_N_TILE];
+  const int rowb = s->ip[P_GEMV_ROWB], nseg = (rowb + 4095) >> 12, segb = rowb < 4096 ? rowb : 4096;
+  const long long pitch = s->ip[P_GEMV_PITCH];
+  items = (nmat == 2 ? n_tile : (n_tile + 1) >> 1) * nseg;
+  const unsigned long long w0 = ptrs[s->ptr_begin + 1], w1 = nmat == 2 ? ptrs[s->ptr_begin + 2] : w0;
+  unsigned long long* full = &amk_ring_full[pg];
+  char* page = smem + AMK_RING_OFF + pg * AMK_RING_SLOT;
+  int it = (int)((pg + AMK_RING_PAGES - q0 % AMK_RING_PAGES) % AMK_RING_PAGES);
+  unsigned idle = 0;
+  unsigned long long t_idle = 0;
+#pragma unroll 1
   for (;;) {
-    if (mbar_try_wait(&amk_ring_empty[pg], par)) return true;
-    if (ld_volatile(&st->abort) != 0) return false;
-    if (global_timer() - t0 > 2 * A.watchdog_ns) {
-      raise_fault(st, FAULT_DEADLOCK, task_id, -1);
-      atomicExch(&st->abort, 1u);
-      return false;
+    const bool mine = it < items;
+    if (!__any_sync(RING_LANES, mine)) return true;
+    bool moved = false;
+    const unsigned q = q0 + it;
+    if (mine && (q < AMK_RING_PAGES || mbar_test_wait(&amk_ring_empty[pg], (q / AMK_RING_PAGES - 1u) & 1u))) {
+      fence_proxy_async();
+      const int g = it / nseg, seg = it - g * nseg, off = seg << 12, nb = rowb - off < 4096 ? rowb - off : 4096;
+      const int r0 = nmat == 2 ? g : 2 * g, r1 = nmat == 2 ? g : 2 * g + 1;
+      const bool two = r1 < n_tile;
+      mbar_expect_tx(full, (unsigned)(two ? 2 * nb : nb));
+      bulk_g2s(page, w0 + (unsigned long long)((n_off + r0) * pitch + off), (unsigned)nb, full);
+      if (two) bulk_g2s(page + segb, w1 + (unsigned long long)((n_off + r1) * pitch + off), (unsigned)nb, full);
+      it += AMK_RING_PAGES;
+      moved = true;
+    }
+    if (__any_sync(RING_LANES, moved)) { idle = 0; continue; }
+    if (idle++ == 0 && pg == 0) t_idle = global_timer();
+    __nanosleep(32);                // every page full: the consumers' issue slots, not a spin
+    if (idle % 64 == 0) {
+      const int stop = __shfl_sync(RING_LANES, pg == 0 ? ring_stop(A, t_idle, s->task_id) : 0, 0);
+      if (stop) return false;
     }
   }
 }
 
-// One RING step's items, in ring.py item_copies' order: q advances by the step's items. The
-// proxy fence orders the consumers' generic reads of the page (made visible by the empty
-// barrier's phase) before the copy's async-proxy writes into it.
-__device__ __forceinline__ bool ring_produce_step(const TaskDesc* s, const unsigned long long* ptrs,
-                                                  char* smem, unsigned& q, const KernelArgs& A) {
-  const int nmat = s->ip[P_GEMV_RING], n_off = s->ip[P_GEMV_N_OFF], n_tile = s->ip[P_GEMV_N_TILE];
-  const int rowb = s->ip[P_GEMV_ROWB], nseg = (rowb + 4095) >> 12, segb = rowb < 4096 ? rowb : 4096;
-  const long long pitch = s->ip[P_GEMV_PITCH];
-  const int items = (nmat == 2 ? n_tile : (n_tile + 1) >> 1) * nseg;
-  const unsigned long long w0 = ptrs[s->ptr_begin + 1], w1 = nmat == 2 ? ptrs[s->ptr_begin + 2] : w0;
-#pragma unroll 1
-  for (int it = 0; it < items; it++, q++) {
-    const unsigned pg = q % AMK_RING_PAGES;
-    if (q >= AMK_RING_PAGES && !mbar_try_wait(&amk_ring_empty[pg], ((q / AMK_RING_PAGES) - 1u) & 1u)
-        && !ring_wait_empty_slow(q, A, s->task_id))
-      return false;
-    fence_proxy_async();
-    const int g = it / nseg, seg = it - g * nseg, off = seg << 12, nb = rowb - off < 4096 ? rowb - off : 4096;
-    const int r0 = nmat == 2 ? g : 2 * g, r1 = nmat == 2 ? g : 2 * g + 1;
-    const bool two = r1 < n_tile;
-    unsigned long long* full = &amk_ring_full[pg];
-    char* page = smem + AMK_RING_OFF + pg * AMK_RING_SLOT;
-    mbar_expect_tx(full, (unsigned)(two ? 2 * nb : nb));
-    bulk_g2s(page, w0 + (unsigned long long)((n_off + r0) * pitch + off), (unsigned)nb, full);
-    if (two) bulk_g2s(page + segb, w1 + (unsigned long long)((n_off + r1) * pitch + off), (unsigned)nb, full);
-  }
-  return true;
-}
-
-// The producer: thread NT (the rest of its warpgroup has returned). Walks the CTA's queue
-// (the ids in s_queue, the rest from global) and every task's steps (a FUSED task's from its
-// sub-descriptors), streaming each RING step. Before it returns, every copy it issued has
-// landed (nothing may land in shared memory after the CTA exits): the last PAGES items' full
-// phases, waited without the fault path's early exit (copies depend on nothing, so they land).
+// The producer: lane pg < PAGES of the producer warpgroup's first warp fills page pg (the rest of
+// the warpgroup has returned): each lane walks the CTA's queue (the ids in s_queue, the rest from
+// global) and every task's steps (a FUSED task's from its sub-descriptors), streaming its page's
+// items of each RING step, the lanes in step (ring_produce_step). Before a lane returns, its page's last copy has landed (nothing may land in shared
+// memory after the CTA exits): waited without the fault path's early exit (a copy depends on
+// nothing, so it lands).
 __device__ __noinline__ void ring_produce(const KernelArgs& A, const int* s_queue, int qb, int qe,
                                           int queue_cap, char* smem) {
   const TaskDesc* tasks = (const TaskDesc*)A.tasks;
   const unsigned long long* ptrs = (const unsigned long long*)A.ptrs;
   const int* qt = (const int*)A.queue_tasks;
+  const unsigned pg = threadIdx.x & 31;
   unsigned q = 0;
   bool ok = true;
 #pragma unroll 1
@@ -129,14 +150,19 @@ __device__ __noinline__ void ring_produce(const KernelArgs& A, const int* s_queu
 #pragma unroll 1
     for (int s = 0; s < ns && ok; s++) {
       const TaskDesc* st = s0 + s;
-      if ((st->op == OP_GEMV_TILE || st->op == OP_GEMM_TILE) && st->ip[P_GEMV_RING] > 0)
-        ok = ring_produce_step(st, ptrs, smem, q, A);
+      int items = 0;
+      if ((st->op == OP_GEMV_TILE || st->op == OP_GEMM_TILE) && st->ip[P_GEMV_RING] > 0) {
+        ok = ring_produce_step(st, ptrs, smem, q, pg, A, items);
+        q += items;
+      }
     }
   }
-  const unsigned long long t0 = global_timer();
-#pragma unroll 1
-  for (unsigned k = q > AMK_RING_PAGES ? q - AMK_RING_PAGES : 0; k < q; k++)
-    while (!mbar_try_wait(&amk_ring_full[k % AMK_RING_PAGES], (k / AMK_RING_PAGES) & 1u)
+  // q: the items issued before a stop; page pg's last is the largest of them = pg (mod PAGES)
+  if (q > pg) {
+    const unsigned last = pg + (q - 1u - pg) / AMK_RING_PAGES * AMK_RING_PAGES;
+    const unsigned long long t0 = global_timer();
+    while (!mbar_try_wait(&amk_ring_full[pg], (last / AMK_RING_PAGES) & 1u)
            && global_timer() - t0 < 2 * A.watchdog_ns) {}
+  }
 }
 #endif

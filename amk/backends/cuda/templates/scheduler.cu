@@ -135,11 +135,11 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
   amk_cta_sync();                  // every thread, v2's producer warps too: the barriers, s_queue
 #if AMK_KERNEL_V2
   // v2: the producer warpgroup gives its registers to the consumers (setmaxnreg moves them a
-  // warpgroup at a time: smem.py), one of its threads streams, and ptxas allocates the code after
-  // the consumers' setmaxnreg.inc with their AMK_CONSUMER_REGS
+  // warpgroup at a time: smem.py), a lane of its first warp streams each page, and ptxas
+  // allocates the code after the consumers' setmaxnreg.inc with their AMK_CONSUMER_REGS
   if (threadIdx.x >= NT) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(AMK_PRODUCER_REGS));
-    if (threadIdx.x == NT) ring_produce(A, s_queue, qb, qe, QUEUE_CAP, smem);
+    if (threadIdx.x - NT < AMK_RING_PAGES) ring_produce(A, s_queue, qb, qe, QUEUE_CAP, smem);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(AMK_CONSUMER_REGS));
