@@ -2,11 +2,11 @@
 order that the producer warp and the consumer warps (templates/ring.cuh, op_gemv_direct's RING
 path) both follow.
 
-A CTA's producer warp walks the CTA's queue from its first task to its last and, for every
-RING step (an op_gemv_direct of read-only float weights), copies the step's items into the
-ring, one item a page, in item order: item `it` of a step goes to the CTA's running item number
-q (items of earlier RING steps in the queue, then `it`), page q % pages, and fills that page's
-phase q // pages. The consumers take the same items in the same numbering (the step's first q
+A CTA's producer (one lane a page of its producer warpgroup's first warp) walks the CTA's queue
+from its first task to its last and, for every RING step (an op_gemv_direct of read-only float
+weights), copies the step's items into the ring, one item a page: item `it` of a step is the
+CTA's item q (items of earlier RING steps in the queue, then `it`), goes to page q % pages (its
+lane's) and fills that page's phase q // pages, once the page's previous item was taken. The consumers take the same items in the same numbering (the step's first q
 is how many items earlier steps took): item q goes to warp q % pages (pages <= 16 warps), so a
 page is only ever read by one warp, phase after phase (an mbarrier's parity wait must never
 be two phases behind), and neither side tells the other anything beyond the mbarriers.

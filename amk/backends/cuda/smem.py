@@ -17,15 +17,19 @@ from __future__ import annotations
 
 NTHREADS = 512                   # threads of the one persistent CTA an SM (v2: its consumers)
 # v2: a producer warpgroup after them (a lane of its first warp streams each ring page).
-# setmaxnreg, which moves registers between roles, works on whole warpgroups, and a CTA of 17 warps launches with 96
-# registers a thread (5 warps on one SM sub-partition's 16 K registers), so every consumer
-# function spilled. 20 warps launch with 96; the producers give theirs back (setmaxnreg.dec to
-# PRODUCER_REGS) and the consumers take 120 (inc): a sub-partition's 4 consumer warps and 1
-# producer warp hold 4 x 120 + 32 = 512 registers a lane, its whole file.
+# setmaxnreg, which moves registers between roles, works on whole warpgroups, and a CTA of 17
+# warps launches with 96 registers a thread (5 warps on one SM sub-partition's 16 K registers),
+# so every consumer function spilled. 20 warps launch with 96 too; the producers give theirs
+# back to the CTA's pool (setmaxnreg.dec to PRODUCER_REGS) and the consumers take them from it
+# (inc to CONSUMER_REGS): 128 x (96 - 32) = 512 x (112 - 96). The pool holds only what was
+# given back (CUTLASS's 3 x 168 = 2 x 232 + 40 is the same balance): asking for more never
+# returns, so the sum is asserted here.
 PRODUCER_THREADS = 128
-CONSUMER_REGS = 120
+LAUNCH_REGS = 96
+CONSUMER_REGS = 112
 PRODUCER_REGS = 32
-assert 4 * CONSUMER_REGS + PRODUCER_REGS <= 65536 // 4 // 32
+assert NTHREADS * (CONSUMER_REGS - LAUNCH_REGS) <= PRODUCER_THREADS * (LAUNCH_REGS - PRODUCER_REGS)
+assert (NTHREADS + PRODUCER_THREADS) * LAUNCH_REGS <= 65536
 XS_MAX = 16384                   # floats of x a GEMV stages in shared memory (64 KiB); K must fit
 GEMV_SMEM = XS_MAX * 4           # the work area that holds them
 ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4

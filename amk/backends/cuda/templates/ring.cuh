@@ -157,6 +157,9 @@ __device__ __noinline__ void ring_produce(const KernelArgs& A, const int* s_queu
       }
     }
   }
+  // Stopped (the kernel aborts): a consumer waiting for an item never issued gives up at once
+  // (mbar_wait_slow; the fault that made the kernel abort is already recorded, so it stays).
+  if (!ok && pg == 0) amk_bw.dead = 1;
   // q: the items issued before a stop; page pg's last is the largest of them = pg (mod PAGES)
   if (q > pg) {
     const unsigned last = pg + (q - 1u - pg) / AMK_RING_PAGES * AMK_RING_PAGES;

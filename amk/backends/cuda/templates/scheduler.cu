@@ -1,6 +1,7 @@
 // The persistent scheduler: each persistent CTA (one per SM, NT threads) walks its static
 // queue (kernel v2: NT consumer threads do all of this, and every __syncthreads is theirs; a
-// producer warpgroup after them streams the queue's GEMV weights into the ring, ring.cuh). For each task thread 0 polls the task's counters with acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
+// producer warpgroup after them streams the queue's GEMV weights into the ring, ring.cuh).
+// For each task thread 0 polls the task's counters with acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
 // CTA and names the task). Then it runs the task's device function and publishes completion
 // with a release add after the CTA barrier. Descriptors are double-buffered in shared memory:
 // the NEXT task's TaskDesc is copied (cp.async) before this task's wait, its pointers and
