@@ -172,3 +172,16 @@ def test_v2_kernel_of_each_preset_compiles_for_sm90a_without_spills_in_hot_funct
     assert any("op_gemv_direct" in n for n, _ in hot)
     for n, line in hot:
         assert "0 bytes spill stores, 0 bytes spill loads" in line, (n, line)
+
+
+def test_every_instruction_case_and_the_profile_build_compile_on_v2():
+    """tests/gpu's instruction cases in one v2 kernel (quantized and batched GEMVs, attention,
+    combine... on v1's code inside it, the float GEMVs on the ring), as a profile build."""
+    pytest.importorskip("cuda.bindings")
+    from amk.backends.cuda import compile_source, render
+    opts = CudaOptions(kernel="v2", profile=True)
+    low = lower_program(examples.combined_program(), 132, opts)
+    assert any(v.arg("ring") for v in low.variants)
+    assert any(v.fn == "op_gemv" for v in low.variants)              # stays on register loads
+    res = compile_source(render(examples.combined_program(), opts), "sm_90a", cuda_options=opts)
+    assert res.cubin[:4] == b"\x7fELF"
