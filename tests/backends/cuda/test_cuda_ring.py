@@ -172,6 +172,33 @@ def test_v2_kernel_of_each_preset_compiles_for_sm90a_without_spills_in_hot_funct
     assert any("op_gemv_direct" in n for n, _ in hot)
     for n, line in hot:
         assert "0 bytes spill stores, 0 bytes spill loads" in line, (n, line)
+    sass = _disassemble(res.cubin)
+    if sass is not None:        # one CTA-wide barrier (the prologue's); every other the consumers'
+        assert len(re.findall(r"BAR\.SYNC\S* 0x0 ;", sass)) == 1
+        assert len(re.findall(r"BAR\.SYNC\S* 0x1, 0x200 ;", sass)) > 8
+        assert not re.search(r"BAR\.(SYNC|RED|ARV)\S* (0x0,|0x[2-9a-f])", sass)
+
+
+def _disassemble(cubin: bytes) -> str | None:
+    """The cubin's SASS by nvdisasm (the CUDA toolkit's or the one triton ships), or None."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    tool = shutil.which("nvdisasm")
+    if tool is None:
+        try:
+            import triton
+            found = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+            tool = str(found) if found.exists() else None
+        except ImportError:
+            pass
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def test_every_instruction_case_and_the_profile_build_compile_on_v2():

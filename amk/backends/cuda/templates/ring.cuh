@@ -6,8 +6,9 @@
 //   empty[p]  count 32: the consumer warp's lanes arrive once they hold item q in registers,
 //             completing phase q / PAGES; the producer waits on it before it copies item
 //             q + PAGES into the page (the first PAGES items need no wait: the ring starts empty).
-// Page p is only ever read by consumer warp p (PAGES <= NWARPS; op_gemv_direct's RING loop gives
-// warp w the items q = w mod PAGES), so each warp waits on its page's phases one after the other:
+// Page p is only ever filled by producer lane p and read by consumer warp p (PAGES <= NWARPS;
+// op_gemv_direct's RING loop gives warp w the items q = w mod PAGES), so each side waits on the
+// page's phases one after the other:
 // a parity wait can never see the phase two back (item q - PAGES is its own previous item, or an
 // earlier step's, taken before that step's closing barrier).
 // The producer never waits on a counter (weights do not depend on activations); its waits on
