@@ -84,13 +84,14 @@ __device__ __noinline__ int ring_stop(const KernelArgs& A, unsigned long long t_
 }
 
 // One RING step's items, in ring.py item_copies' order and layout: producer lane pg copies its
-// page's (q = q0 + it = pg mod PAGES), each once the page's previous item is taken. The lanes
+// page's (q = q0 + it = pg mod PAGES), each once the page's previous item is taken (`filled`:
+// the page's phases it has started). The lanes
 // poll together (test_wait, no lane suspended while another's page is free) and stop together.
 // The proxy fence orders the consumers' generic reads of the page (visible through the empty
 // barrier's phase) before the copy's async-proxy writes into it.
 __device__ __forceinline__ bool ring_produce_step(const TaskDesc* s, const unsigned long long* ptrs,
                                                   char* smem, unsigned q0, unsigned pg, const KernelArgs& A,
-                                                  int& items) {
+                                                  int& items, unsigned& filled) {
   const int nmat = s->ip[P_GEMV_RING], n_off = s->ip[P_GEMV_N_OFF], n_tile = s->ip[P_GEMV_N_TILE];
   const int rowb = s->ip[P_GEMV_ROWB], nseg = (rowb + 4095) >> 12, segb = rowb < 4096 ? rowb : 4096;
   const long long pitch = s->ip[P_GEMV_PITCH];
@@ -116,6 +117,7 @@ __device__ __forceinline__ bool ring_produce_step(const TaskDesc* s, const unsig
       bulk_g2s(page, w0 + (unsigned long long)((n_off + r0) * pitch + off), (unsigned)nb, full);
       if (two) bulk_g2s(page + segb, w1 + (unsigned long long)((n_off + r1) * pitch + off), (unsigned)nb, full);
       it += AMK_RING_PAGES;
+      filled++;
       moved = true;
     }
     if (__any_sync(RING_LANES, moved)) { idle = 0; continue; }
@@ -140,7 +142,7 @@ __device__ __noinline__ void ring_produce(const KernelArgs& A, const int* s_queu
   const unsigned long long* ptrs = (const unsigned long long*)A.ptrs;
   const int* qt = (const int*)A.queue_tasks;
   const unsigned pg = threadIdx.x & 31;
-  unsigned q = 0;
+  unsigned q = 0, filled = 0;
   bool ok = true;
 #pragma unroll 1
   for (int i = qb; i < qe && ok; i++) {
@@ -153,7 +155,7 @@ __device__ __noinline__ void ring_produce(const KernelArgs& A, const int* s_queu
       const TaskDesc* st = s0 + s;
       int items = 0;
       if ((st->op == OP_GEMV_TILE || st->op == OP_GEMM_TILE) && st->ip[P_GEMV_RING] > 0) {
-        ok = ring_produce_step(st, ptrs, smem, q, pg, A, items);
+        ok = ring_produce_step(st, ptrs, smem, q, pg, A, items, filled);
         q += items;
       }
     }
@@ -161,12 +163,9 @@ __device__ __noinline__ void ring_produce(const KernelArgs& A, const int* s_queu
   // Stopped (the kernel aborts): a consumer waiting for an item never issued gives up at once
   // (mbar_wait_slow; the fault that made the kernel abort is already recorded, so it stays).
   if (!ok && pg == 0) amk_bw.dead = 1;
-  // q: the items issued before a stop; page pg's last is the largest of them = pg (mod PAGES)
-  if (q > pg) {
-    const unsigned last = pg + (q - 1u - pg) / AMK_RING_PAGES * AMK_RING_PAGES;
+  if (filled > 0) {                // the page's last phase: its earlier ones were emptied
     const unsigned long long t0 = global_timer();
-    while (!mbar_try_wait(&amk_ring_full[pg], (last / AMK_RING_PAGES) & 1u)
-           && global_timer() - t0 < 2 * A.watchdog_ns) {}
+    while (!mbar_try_wait(&amk_ring_full[pg], (filled - 1u) & 1u) && global_timer() - t0 < 2 * A.watchdog_ns) {}
   }
 }
 #endif
