@@ -56,7 +56,7 @@ def backend() -> str:
 # ---- the CUDA kernel's shape (part of every CUDA cache key) -------------------------------------
 def kernel() -> str:
     """AMK_KERNEL=v1|v2: the CUDA megakernel's design. v1 (default): 512 threads an SM load each
-    GEMV's weights into registers after its counter wait. v2: one more warp an SM streams every
+    GEMV's weights into registers after its counter wait. v2: a producer warpgroup an SM streams every
     float GEMV's weights, task after task, into a ring of shared-memory pages ahead of the
     consumers, never waiting on counters (cuda/ring.py; AMK_PRELOAD is not used)."""
     v = os.environ.get("AMK_KERNEL", "") or "v1"

@@ -15,7 +15,7 @@ KERNELS = ("v1", "v2")
 
 @dataclass(frozen=True)
 class CudaOptions:
-    kernel: str = "v1"              # "v1" | "v2": v2 adds the producer warp and its weight ring (ring.py)
+    kernel: str = "v1"              # "v1" | "v2": v2 adds a producer warpgroup and its weight ring (ring.py)
     preload_bytes: int = 65536      # an o tile's weight bytes preloaded into smem (preload.py); 0 off;
                                     #   v1 only (v2's ring streams every tile's weights)
     spin_ns: int = 128              # longest sleep between two polls of a counter

@@ -6,7 +6,7 @@ Kernel v1: one CTA an SM, 512 threads, 196 KiB:
     [0, STAGE_OFF)           work area: x staged as fp32 (XS_MAX floats), sums, the attention
     [STAGE_OFF, SMEM_BYTES)  staging area: the combine's partials and the attention's K/V chunks
     [PRE_OFF, SMEM_BYTES)    the o tile's preloaded rows (the top 64 KiB; preload.py)
-Kernel v2 (ring.py): the same 512 consumer threads plus one producer warp, and
+Kernel v2 (ring.py): the same 512 threads (its consumers) plus a producer warpgroup, and
     [0, STAGE_OFF)                     the work area, as v1
     [STAGE_OFF, RING_OFF)              the staging area, STAGE_BYTES_V2 (the 68 KiB v1's combine
                                        had below the preload: the 1B's 8 partials x 32 heads fit)
