@@ -44,8 +44,10 @@ PRE_OFF = SMEM_BYTES - 65536     # preload.py's o-tile rows: the top 64 KiB
 # v1, padded to 1024; tests/backends/cuda/test_cuda_compile.py checks the sum).
 CTA_SMEM_MAX = 227 << 10
 STATIC_RESERVE = 12 << 10
-STAGE_BYTES_V2 = PRE_OFF - STAGE_OFF
-RING_OFF = STAGE_OFF + STAGE_BYTES_V2
+# The ring starts where v1's preload does: what v1 keeps below the preload (the combine's
+# staged partials, the attention's chunks) stays clear of the ring under v2 as it is.
+RING_OFF = PRE_OFF
+STAGE_BYTES_V2 = RING_OFF - STAGE_OFF
 RING_BYTES = (CTA_SMEM_MAX - STATIC_RESERVE - RING_OFF) // 8192 * 8192
 SMEM_BYTES_V2 = RING_OFF + RING_BYTES
 
