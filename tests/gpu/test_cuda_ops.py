@@ -10,6 +10,7 @@ pytest.importorskip("cuda.bindings")
 
 from amk.program.ir import BufferKind
 from amk.testing import cuda_examples as examples
+from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.runtime import CudaProgram
 from amk.backends.reference.semantics import RefCtx, semantics_for
 
@@ -17,10 +18,11 @@ CASES = examples.cases()
 TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
 
 
-@pytest.fixture(scope="module")
-def runs():
+@pytest.fixture(scope="module", params=["v1", "v2"])
+def runs(request):
+    """Every case on kernel v1, then on v2 (its float GEMVs through the weight ring)."""
     prog = examples.combined_program(CASES)
-    cp = CudaProgram(prog, "cuda", validate=False)
+    cp = CudaProgram(prog, "cuda", validate=False, options=CudaOptions(kernel=request.param))
     results = []
     for seed in (1, 2):                                    # two draws of fresh inputs
         binds = {}

@@ -18,6 +18,7 @@ from amk.backends.cuda.folds import fold_steps
 from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
+from amk.backends.cuda.ring import mark_ring_steps
 from amk.backends.cuda.steps import (REF_BUFFER, SCRATCH_ALIGN, Folded, FoldedTask, Fused, View,
                                      fail)
 from amk.backends.cuda.tables import Lowered, pack
@@ -39,7 +40,8 @@ def fold_program(program: Program, n_ctas: int = 132,
         else:
             fused, used = Fused([(encode_op(t, t.op, ins, outs, t.params), ins, outs)], []), 0
         ft = FoldedTask(t, ins, outs, argmax.steps(t, fused.steps, outs), fused.zero)
-        ft = preload(ft, options.preload_bytes)
+        # v2's ring streams every tile's weights: no preload (it would be a second copy)
+        ft = mark_ring_steps(ft) if options.kernel == "v2" else preload(ft, options.preload_bytes)
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
         tasks.append(ft)

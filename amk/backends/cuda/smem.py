@@ -2,14 +2,34 @@
 lowering sizes tiles against it, codegen renders it as AMK_* defines, the runtime launches
 with it).
 
-One CTA an SM, 512 threads, 196 KiB:
+Kernel v1: one CTA an SM, 512 threads, 196 KiB:
     [0, STAGE_OFF)           work area: x staged as fp32 (XS_MAX floats), sums, the attention
     [STAGE_OFF, SMEM_BYTES)  staging area: the combine's partials and the attention's K/V chunks
     [PRE_OFF, SMEM_BYTES)    the o tile's preloaded rows (the top 64 KiB; preload.py)
+Kernel v2 (ring.py): the same 512 threads (its consumers) plus a producer warpgroup, and
+    [0, STAGE_OFF)                     the work area, as v1
+    [STAGE_OFF, RING_OFF)              the staging area, STAGE_BYTES_V2 (the 68 KiB v1's combine
+                                       had below the preload: the 1B's 8 partials x 32 heads fit)
+    [RING_OFF, SMEM_BYTES_V2)          the weight ring: RING_BYTES of pages no other task touches
+                                       (the producer fills them while other kinds of task run)
 """
 from __future__ import annotations
 
-NTHREADS = 512                   # threads of the one persistent CTA an SM
+NTHREADS = 512                   # threads of the one persistent CTA an SM (v2: its consumers)
+# v2: a producer warpgroup after them (a lane of its first warp streams each ring page).
+# setmaxnreg, which moves registers between roles, works on whole warpgroups, and a CTA of 17
+# warps launches with 96 registers a thread (5 warps on one SM sub-partition's 16 K registers),
+# so every consumer function spilled. 20 warps launch with 96 too; the producers give theirs
+# back to the CTA's pool (setmaxnreg.dec to PRODUCER_REGS) and the consumers take them from it
+# (inc to CONSUMER_REGS): 128 x (96 - 32) = 512 x (112 - 96). The pool holds only what was
+# given back (CUTLASS's 3 x 168 = 2 x 232 + 40 is the same balance): asking for more never
+# returns, so the sum is asserted here.
+PRODUCER_THREADS = 128
+LAUNCH_REGS = 96
+CONSUMER_REGS = 112
+PRODUCER_REGS = 32
+assert NTHREADS * (CONSUMER_REGS - LAUNCH_REGS) <= PRODUCER_THREADS * (LAUNCH_REGS - PRODUCER_REGS)
+assert (NTHREADS + PRODUCER_THREADS) * LAUNCH_REGS <= 65536
 XS_MAX = 16384                   # floats of x a GEMV stages in shared memory (64 KiB); K must fit
 GEMV_SMEM = XS_MAX * 4           # the work area that holds them
 ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
@@ -19,3 +39,29 @@ STAGE_BYTES = 128 << 10
 # 196 KiB of the 227 KiB a CTA may have that every measured version ran with
 SMEM_BYTES = STAGE_OFF + STAGE_BYTES + 4096
 PRE_OFF = SMEM_BYTES - 65536     # preload.py's o-tile rows: the top 64 KiB
+
+# v2. The 227 KiB an H100/H200 CTA may have, less 12 KiB for the static variables (10 KiB in
+# v1, padded to 1024; tests/backends/cuda/test_cuda_compile.py checks the sum).
+CTA_SMEM_MAX = 227 << 10
+STATIC_RESERVE = 12 << 10
+# The ring starts where v1's preload does: what v1 keeps below the preload (the combine's
+# staged partials, the attention's chunks) stays clear of the ring under v2 as it is.
+RING_OFF = PRE_OFF
+STAGE_BYTES_V2 = RING_OFF - STAGE_OFF
+RING_BYTES = (CTA_SMEM_MAX - STATIC_RESERVE - RING_OFF) // 8192 * 8192
+SMEM_BYTES_V2 = RING_OFF + RING_BYTES
+
+
+def cta_threads(kernel: str) -> int:
+    """Threads a CTA of `kernel` ("v1" | "v2") launches with."""
+    return NTHREADS + (PRODUCER_THREADS if kernel == "v2" else 0)
+
+
+def smem_bytes(kernel: str) -> int:
+    """Dynamic shared memory a CTA of `kernel` launches with."""
+    return SMEM_BYTES_V2 if kernel == "v2" else SMEM_BYTES
+
+
+def stage_bytes(kernel: str) -> int:
+    """The staging area's bytes (AMK_STAGE_BYTES)."""
+    return STAGE_BYTES_V2 if kernel == "v2" else STAGE_BYTES

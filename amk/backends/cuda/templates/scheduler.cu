@@ -1,5 +1,7 @@
 // The persistent scheduler: each persistent CTA (one per SM, NT threads) walks its static
-// queue. For each task thread 0 polls the task's counters with acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
+// queue (kernel v2: NT consumer threads do all of this, and every __syncthreads is theirs; a
+// producer warpgroup after them streams the queue's GEMV weights into the ring, ring.cuh).
+// For each task thread 0 polls the task's counters with acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
 // CTA and names the task). Then it runs the task's device function and publishes completion
 // with a release add after the CTA barrier. Descriptors are double-buffered in shared memory:
 // the NEXT task's TaskDesc is copied (cp.async) before this task's wait, its pointers and
@@ -104,7 +106,7 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
   return true;                     // the acquire loads made the producers' writes visible
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_constant__ KernelArgs A) {
+extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(const __grid_constant__ KernelArgs A) {
   // 1024-byte aligned: it follows the static variables, and with 272 more bytes of them (128-byte
   // aligned before by chance, then 16) the split-KV combine took 2 us longer a layer (NOTES v13a)
   extern __shared__ __align__(1024) char smem[];
@@ -125,12 +127,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) amk_megakernel(const __grid_
     amk_bw.dead = 0; amk_bw.watchdog_ns = A.watchdog_ns; amk_bw.st = st;
     mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
     mbar_init(&amk_comb_bar, 1); amk_comb_uses = 0;
+    ring_init();
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
   }
   if (qb < qe) slot_stage1(tasks + qt[qb], &s_task[0]);
   for (int j = threadIdx.x; j < qe - qb && j < QUEUE_CAP; j += NT) s_queue[j] = qt[qb + j];
   cp_async_wait<0>();
-  __syncthreads();
+  amk_cta_sync();                  // every thread, v2's producer warps too: the barriers, s_queue
+#if AMK_KERNEL_V2
+  // v2: the producer warpgroup gives its registers to the consumers (setmaxnreg moves them a
+  // warpgroup at a time: smem.py), a lane of its first warp streams each page, and ptxas
+  // allocates the code after the consumers' setmaxnreg.inc with their AMK_CONSUMER_REGS
+  if (threadIdx.x >= NT) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(AMK_PRODUCER_REGS));
+    if (threadIdx.x - NT < AMK_RING_PAGES) ring_produce(A, s_queue, qb, qe, QUEUE_CAP, smem);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(AMK_CONSUMER_REGS));
+#endif
   const RangeDesc* ranges = (const RangeDesc*)A.ranges;
   if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0], ranges, amk_pre_ranges[0]);
   bool aborted = false;
