@@ -1,8 +1,8 @@
 """Compile times of a preset's decode step for the cuda backend, on any machine (no GPU: meta
 weights, the pass pipeline, the CUDA lowering and NVRTC for sm_90a). Per preset, a cold compile
 (an empty AMK_CACHE_DIR) then a warm one (the same folder): wall and CPU seconds, each phase, and
-the sha256 of kernel.cu and of the lowered tables (a change that must not change the kernel
-keeps them). Prints a table; writes JSON.
+the sha256 of kernel.cu, of the lowered tables and of the final program's repr (a change that
+must not change the kernel keeps them). Prints a table; writes JSON.
 
     python bench/compile.py                                  # every preset but tiny-llama
     python bench/compile.py --models llama-3-8b --profile /tmp/prof   # + cProfile per compile
@@ -77,9 +77,11 @@ def compile_once(model, args, nvrtc: bool) -> tuple[Clock, dict]:
         hit = clock.run("nvrtc", compile_source, source, "sm_90a",
                         cuda_options=low.cuda_options).cache_hit
     clock.wall["total"], clock.cpu["total"] = time.perf_counter() - w, time.process_time() - c
+    # outside the timed part: the digests that a change which must not change the kernel keeps
     info = {"tasks": len(low.program.tasks), "pass_cache_hit": low.timings["cache_hit"],
             "cubin_cache_hit": hit, "kernel_sha": hashlib.sha256(source.encode()).hexdigest()[:16],
-            "tables_sha": tables_digest(lowered)}
+            "tables_sha": tables_digest(lowered),
+            "program_sha": hashlib.sha256(repr(low.program).encode()).hexdigest()[:16]}
     return clock, info
 
 
@@ -117,14 +119,14 @@ def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None)
 
 def table(rows: list[dict]) -> str:
     head = f"{'model':<14} {'run':<5} {'wall s':>7} {'cpu s':>7}  " + " ".join(
-        f"{p:>7}" for p in PHASES) + "  kernel.cu / tables sha256"
+        f"{p:>7}" for p in PHASES) + "  kernel.cu / tables / program sha256"
     lines = [head, "-" * len(head)]
     for r in rows:
         for label in ("cold", "warm"):
             x = r[label]
             phases = " ".join(f"{x['wall'].get(p, float('nan')):7.2f}" for p in PHASES)
             lines.append(f"{r['model']:<14} {label:<5} {x['wall']['total']:7.2f} "
-                         f"{x['cpu']['total']:7.2f}  {phases}  {x['kernel_sha']} / {x['tables_sha']}")
+                         f"{x['cpu']['total']:7.2f}  {phases}  {x['kernel_sha']} / {x['tables_sha']} / {x['program_sha']}")
     lines.append("(phases: wall seconds; trace and passes from Lowered.timings)")
     return "\n".join(lines)
 
