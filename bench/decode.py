@@ -14,6 +14,7 @@ and warm compile times. Prints a table; writes JSON.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -189,6 +190,8 @@ def compile_times(cfg, params, batch: int = 1) -> dict:
         try:
             for label in ("cold", "warm"):
                 step = amk.jit(m.fn, backend="cuda", donate=("kv",))
+                low = None        # the warm compile as a new process runs it: without the cold
+                gc.collect()      # one's program and stages on the heap the GC scans
                 t0 = time.perf_counter()
                 low = step.lower(*args)
                 low.compile_cuda()

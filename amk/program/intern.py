@@ -9,21 +9,36 @@ it made) cost in proportion to the objects. Shared, the 8B program pickles to 3.
 Sharing is safe because programs are frozen: nothing mutates a task's params, a recipe or its
 steps' params after a pass built them. Params are merged when their reprs are equal: the repr
 is already a program's canonical form (amk/program/digest.py hashes it), every value printed
-with its type's repr (1, 1.0 and True differ, so do -0.0 and 0.0). Waits, inputs and outputs
+with its type's repr (1, 1.0 and True differ, so do -0.0 and 0.0). A recipe object (fuse
+shares equal ones) is printed once. Waits, inputs and outputs
 are tuples of ints and Waits, merged when equal.
 """
 from __future__ import annotations
 
 from amk.program.ir import Program, Task
+from amk.program.recipe import Recipe
 
 
 def interned(program: Program) -> Program:
     """`program` with equal params, waits, inputs and outputs shared between its tasks."""
-    params: dict[str, object] = {}
+    params: dict[tuple, object] = {}
     tuples: dict[tuple, tuple] = {}
+    texts: dict[int, tuple[object, str]] = {}      # repr of each recipe object, once
+
+    def text(v) -> str:
+        if not isinstance(v, Recipe):
+            return repr(v)
+        held = texts.get(id(v))
+        if held is None:
+            held = texts[id(v)] = (v, repr(v))
+        return held[1]
+
+    def key(p) -> tuple:       # what repr(p) prints, item by item
+        return tuple((repr(k), text(v)) for k, v in p.items())
+
     tasks = tuple(Task(t.id, t.op, tuples.setdefault(t.inputs, t.inputs),
                        tuples.setdefault(t.outputs, t.outputs),
-                       params.setdefault(repr(t.params), t.params),
+                       params.setdefault(key(t.params), t.params),
                        tuples.setdefault(t.waits, t.waits), t.out_counter, t.name)
                   for t in program.tasks)
     return program.with_(tasks=tasks)
