@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
-from gpu_tool import parser  # noqa: E402
+from gpu_tool import cache_dir, parser  # noqa: E402
 
 PHASES = ("trace", "passes", "lower", "render", "nvrtc")
 
@@ -87,7 +87,6 @@ def compile_once(model, args, nvrtc: bool) -> tuple[Clock, dict]:
 
 
 def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None) -> dict:
-    import torch
     from amk.models.model import Model
     from amk.models.presets import PRESETS, random_params
     cfg = PRESETS[name]
@@ -95,28 +94,19 @@ def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None)
     model = Model(cfg, random_params(cfg, device="meta"))
     args = model.example_args(1)
     out = {"model": name, "layers": cfg.n_layers}
-    with tempfile.TemporaryDirectory() as d:
-        old = os.environ.get("AMK_CACHE_DIR")
-        os.environ["AMK_CACHE_DIR"] = d
-        try:
-            for label in ("cold", "warm"):
-                prof = cProfile.Profile() if profile_dir else None
-                if prof:
-                    prof.enable()
-                clock, info = compile_once(model, args, nvrtc)
-                if prof:
-                    prof.disable()
-                    os.makedirs(profile_dir, exist_ok=True)
-                    prof.dump_stats(os.path.join(profile_dir, f"{name}-{label}.prof"))
-                out[label] = {"wall": clock.wall, "cpu": clock.cpu, **info}
-                del clock, info
-                gc.collect()      # the warm compile as a new process has it: no cold heap to scan
-        finally:
-            if old is None:
-                os.environ.pop("AMK_CACHE_DIR", None)
-            else:
-                os.environ["AMK_CACHE_DIR"] = old
-    del torch
+    with tempfile.TemporaryDirectory() as d, cache_dir(d):
+        for label in ("cold", "warm"):
+            prof = cProfile.Profile() if profile_dir else None
+            if prof:
+                prof.enable()
+            clock, info = compile_once(model, args, nvrtc)
+            if prof:
+                prof.disable()
+                os.makedirs(profile_dir, exist_ok=True)
+                prof.dump_stats(os.path.join(profile_dir, f"{name}-{label}.prof"))
+            out[label] = {"wall": clock.wall, "cpu": clock.cpu, **info}
+            del clock, info
+            gc.collect()      # the warm compile as a new process has it: no cold heap to scan
     return out
 
 
