@@ -10,8 +10,8 @@ Sharing is safe because programs are frozen: nothing mutates a task's params, a 
 steps' params after a pass built them. Params are merged when their reprs are equal: the repr
 is already a program's canonical form (amk/program/digest.py hashes it), every value printed
 with its type's repr (1, 1.0 and True differ, so do -0.0 and 0.0). A recipe object (fuse
-shares equal ones) is printed once. Waits, inputs and outputs
-are tuples of ints and Waits, merged when equal.
+shares equal ones) is printed once. Waits, inputs and outputs are tuples of ints and Waits,
+merged when equal.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def interned(program: Program) -> Program:
         return held[1]
 
     def key(p) -> tuple:       # what repr(p) prints, item by item
-        return tuple((repr(k), text(v)) for k, v in p.items())
+        return (type(p),) + tuple((repr(k), text(v)) for k, v in p.items())
 
     tasks = tuple(Task(t.id, t.op, tuples.setdefault(t.inputs, t.inputs),
                        tuples.setdefault(t.outputs, t.outputs),
