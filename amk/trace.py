@@ -98,13 +98,22 @@ def current() -> "TraceContext | None":
     return _STACK[-1] if _STACK else None
 
 
+# co_filename -> its base name when it is user code, "" when it is AMK's (abspath per frame
+# per op was a third of a warm trace)
+_USER_FILE: dict[str, str] = {}
+
+
 def user_source_line() -> str:
     """file:line of the innermost frame outside AMK's op/trace machinery."""
     f = sys._getframe(1)
     while f is not None:
-        fn = os.path.abspath(f.f_code.co_filename)
-        if not fn.startswith(_INTERNAL):
-            return f"{os.path.basename(fn)}:{f.f_lineno}"
+        name = _USER_FILE.get(f.f_code.co_filename)
+        if name is None:
+            fn = os.path.abspath(f.f_code.co_filename)
+            name = _USER_FILE[f.f_code.co_filename] = (
+                "" if fn.startswith(_INTERNAL) else os.path.basename(fn))
+        if name:
+            return f"{name}:{f.f_lineno}"
         f = f.f_back
     return "?"
 

@@ -3,7 +3,9 @@ a CUDA GPU is there (else the tool says so and exits 2)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -19,3 +21,17 @@ def have_gpu(tool: str) -> bool:
     root = Path(__file__).resolve().parent.parent
     print(f"{Path(tool).resolve().relative_to(root)} needs a CUDA GPU", file=sys.stderr)
     return False
+
+
+@contextmanager
+def cache_dir(path: str):
+    """AMK_CACHE_DIR set to `path` inside the block, restored after (cold/warm compile timings)."""
+    old = os.environ.get("AMK_CACHE_DIR")
+    os.environ["AMK_CACHE_DIR"] = path
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("AMK_CACHE_DIR", None)
+        else:
+            os.environ["AMK_CACHE_DIR"] = old

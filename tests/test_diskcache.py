@@ -44,3 +44,20 @@ def test_a_pickle_owned_by_another_user_is_a_miss(tmp_path, monkeypatch):
     write_pickle(tmp_path / "k.pkl", "x")
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)
     assert read_pickle(tmp_path / "k.pkl") is None
+
+
+def test_pickles_are_written_with_the_gc_paused_and_it_is_restored(tmp_path, monkeypatch):
+    import gc
+    import pickle as pk
+    from amk import diskcache
+    seen, real = [], pk.dumps
+
+    def dumps(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(diskcache.pickle, "dumps", dumps)
+    assert gc.isenabled()
+    diskcache.write_pickle(tmp_path / "x.pkl", {"a": 1})
+    assert seen == [False] and gc.isenabled()
+    assert diskcache.read_pickle(tmp_path / "x.pkl") == {"a": 1}

@@ -19,7 +19,7 @@ Buffers nobody touches any more are dropped and ids renumbered densely; then `re
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from amk.gcpause import without_gc
 from amk.passes.options import PassOptions
@@ -70,15 +70,21 @@ def root_op(task: Task) -> K:
     return recipe_of(task).root_op() if task.op is K.FUSED else task.op
 
 
-def _cse(steps: list[_Step]) -> list[_Step]:
-    """Drop a step identical to an earlier scratch-writing one (same op, args, params, type)."""
-    seen: dict[str, tuple] = {}
+def _cse(steps: list[_Step], params_text: dict[int, tuple[dict, str, str]]) -> list[_Step]:
+    """Drop a step identical to an earlier scratch-writing one (same op, args, params, type).
+    params_text: repr of each params dict by id (a head's steps recur in every reader)."""
+    seen: dict[tuple, tuple] = {}
     alias: dict[tuple, tuple] = {}
     out = []
     for st in steps:
-        st = replace(st, args=tuple(alias.get(a, a) for a in st.args))
+        if alias:
+            args = tuple(alias.get(a, a) for a in st.args)
+            if args != st.args:
+                st = _Step(st.op, args, st.out, st.params, st.out_shape, st.out_dtype)
         if st.out[0] == "s":
-            key = repr((st.op, st.args, sorted(st.params.items()), st.out_shape, st.out_dtype))
+            # args are (kind, int) pairs and shapes ints: equal exactly when their reprs are
+            key = (int(st.op), st.args, _params_text(st.params, params_text, False),
+                   st.out_shape, st.out_dtype)
             if key in seen:
                 alias[st.out] = seen[key]
                 continue
@@ -87,8 +93,20 @@ def _cse(steps: list[_Step]) -> list[_Step]:
     return out
 
 
-def to_task(steps: list[_Step], like: Task, name: str) -> Task:
-    """A FUSED task writing like.outputs, from global-ref steps."""
+def _params_text(params: dict, memo: dict[int, tuple[dict, str, str]], ordered: bool) -> str:
+    """repr of a params dict (ordered: as it is, else its sorted items), memoised by object
+    (held, so its id stays unique)."""
+    held = memo.get(id(params))
+    if held is None or held[0] is not params:
+        held = memo[id(params)] = (params, repr(sorted(params.items())), repr(params))
+    return held[2] if ordered else held[1]
+
+
+def to_task(steps: list[_Step], like: Task, name: str, recipes: dict[tuple, Recipe],
+            params_text: dict[int, tuple[dict, str, str]]) -> Task:
+    """A FUSED task writing like.outputs, from global-ref steps. Equal recipes are one shared
+    object in `recipes` (a decoder's layers repeat: the 8B shape builds 41k recipes, ~850
+    distinct), so each is checked and pickled once."""
     inputs: list[int] = []
     pos: dict[int, int] = {}
     scratch: dict[int, int] = {}
@@ -108,7 +126,15 @@ def to_task(steps: list[_Step], like: Task, name: str) -> Task:
         out = (operand(OUTPUT, out_index[v]) if kind == "b"
                else operand(SCRATCH, scratch.setdefault(v, len(scratch))))
         rsteps.append(Step(st.op, tuple(args), out, st.params, st.out_shape, st.out_dtype))
-    return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": Recipe(tuple(rsteps))},
+    # Operands are shared objects (operand()): equal exactly when they are the same one; the
+    # params by repr in their own order (the program's repr, its canonical form, keeps it)
+    key = tuple((int(s.op), tuple(map(id, s.args)), id(s.out),
+                 _params_text(s.params, params_text, True), s.out_shape, s.out_dtype)
+                for s in rsteps)
+    recipe = recipes.get(key)
+    if recipe is None:
+        recipe = recipes[key] = Recipe(tuple(rsteps))
+    return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": recipe},
                 like.waits, like.out_counter, name)
 
 
@@ -211,6 +237,8 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         readers.add(i, r)
         writers.add(i, w)
     counter = [0]
+    params_text: dict[int, tuple[dict, str, str]] = {}    # _params_text's memo
+    recipes: dict[tuple, Recipe] = {}
 
     def fresh() -> int:
         counter[0] += 1
@@ -258,14 +286,15 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
             continue
         sid = fresh()
         yb = bufs[y]
-        head = [replace(s, out=("s", sid), out_shape=yb.shape, out_dtype=yb.dtype)
+        head = [_Step(s.op, s.args, ("s", sid), s.params, yb.shape, yb.dtype)
                 if s.out == ("b", y) else s for s in a_steps]
         tag = "+".join(s.op.name.lower() for s in a_steps)
         for b in users:
             B = tasks[b]
-            tail = [replace(s, args=tuple(("s", sid) if x == ("b", y) else x for x in s.args))
-                    for s in steps_of(B, fresh)]
-            nb = to_task(_cse(head + tail), B, f"{B.name} +{tag}")
+            tail = [_Step(s.op, tuple(("s", sid) if x == ("b", y) else x for x in s.args),
+                          s.out, s.params, s.out_shape, s.out_dtype) for s in steps_of(B, fresh)]
+            nb = to_task(_cse(head + tail, params_text), B, f"{B.name} +{tag}", recipes,
+                         params_text)
             b_reads, b_writes = regions[b]
             readers.remove(b, b_reads)
             # what FUSED touches = the union over its steps' external operands

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from amk.errors import ValidationError
+from amk.gcpause import without_gc
 from amk.graph import Graph
 from amk.passes.allocate_counters import allocate_counters
 from amk.passes.defer_kv_append import defer_kv_append
@@ -76,6 +77,7 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
     return stages
 
 
+@without_gc      # between the passes too: collections over the heap they build cost seconds
 def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None,
                         cache_dir: Path | None = None, debug: int = 0
                         ) -> tuple[Program, dict[str, Program] | None]:

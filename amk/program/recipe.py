@@ -98,8 +98,9 @@ class Recipe:
 
     def root_op(self) -> InstructionKind:
         """The op of the step writing the task's first output (FUSED if none does)."""
+        first = operand(OUTPUT, 0)          # usually the very object (a quick `is`)
         for s in self.steps:
-            if s.out == Operand(OUTPUT, 0):
+            if s.out is first or s.out == first:
                 return s.op
         return InstructionKind.FUSED
 

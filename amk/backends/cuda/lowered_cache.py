@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from amk.diskcache import read_pickle, write_pickle
+from amk.gcpause import without_gc
 from amk.program.digest import program_digest
 from amk.program.ir import Program
 from amk.version import VERSION
@@ -35,6 +36,7 @@ def _key(program: Program, n_ctas: int, options: CudaOptions) -> str:
     return h.hexdigest()[:32]
 
 
+@without_gc
 def lower_program_cached(program: Program, n_ctas: int = 132,
                          options: CudaOptions = CudaOptions()):
     from amk.backends.cuda import lower

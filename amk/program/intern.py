@@ -1,0 +1,44 @@
+"""`interned(program)`: the same program value with equal parts shared, for the pass cache.
+
+A decoder's layers repeat: of the 8B program's 20,861 tasks only ~850 distinct params (FUSED
+recipes) and ~450 distinct wait tuples exist, yet each task holds its own copies. Pickle keeps
+every copy, and a warm compile's unpickling (and the garbage collector's first pass over what
+it made) cost in proportion to the objects. Shared, the 8B program pickles to 3.3 MB instead of
+9.8, dumps in 0.1 s instead of 0.7 and loads in 0.08 s instead of 0.5.
+
+Sharing is safe because programs are frozen: nothing mutates a task's params, a recipe or its
+steps' params after a pass built them. Params are merged when their reprs are equal: the repr
+is already a program's canonical form (amk/program/digest.py hashes it), every value printed
+with its type's repr (1, 1.0 and True differ, so do -0.0 and 0.0). A recipe object (fuse
+shares equal ones) is printed once. Waits, inputs and outputs are tuples of ints and Waits,
+merged when equal.
+"""
+from __future__ import annotations
+
+from amk.program.ir import Program, Task
+from amk.program.recipe import Recipe
+
+
+def interned(program: Program) -> Program:
+    """`program` with equal params, waits, inputs and outputs shared between its tasks."""
+    params: dict[tuple, object] = {}
+    tuples: dict[tuple, tuple] = {}
+    texts: dict[int, tuple[object, str]] = {}      # repr of each recipe object, once
+
+    def text(v) -> str:
+        if not isinstance(v, Recipe):
+            return repr(v)
+        held = texts.get(id(v))
+        if held is None:
+            held = texts[id(v)] = (v, repr(v))
+        return held[1]
+
+    def key(p) -> tuple:       # what repr(p) prints, item by item
+        return (type(p),) + tuple((repr(k), text(v)) for k, v in p.items())
+
+    tasks = tuple(Task(t.id, t.op, tuples.setdefault(t.inputs, t.inputs),
+                       tuples.setdefault(t.outputs, t.outputs),
+                       params.setdefault(key(t.params), t.params),
+                       tuples.setdefault(t.waits, t.waits), t.out_counter, t.name)
+                  for t in program.tasks)
+    return program.with_(tasks=tasks)
