@@ -28,14 +28,15 @@ counters:
 tasks:
   t0 KV_APPEND in=(b1,b3) out=(b4) waits=() -> c0 {} # kv_update @ small_programs.py:N
   t1 KV_APPEND in=(b2,b3) out=(b5) waits=() -> c1 {} # kv_update @ small_programs.py:N
-  t2 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b7) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 2} # attention @ small_programs.py:N[kv 0/1 shard 0/2]
-  t3 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b8) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 1, "kv_shards": 2} # attention @ small_programs.py:N[kv 0/1 shard 1/2]
-  t4 ATTENTION_COMBINE in=(b7,b8) out=(b6) waits=(c3>=2) -> c2 {"head_dim": 4, "n_heads": 2, "h_off": 0, "h_count": 2} # attention @ small_programs.py:N[combine 0/1]
+  t2 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b7) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 2, "kv_shard_rows": 1} # attention @ small_programs.py:N[kv 0/1 shard 0/2]
+  t3 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b8) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 1, "kv_shards": 2, "kv_shard_rows": 1} # attention @ small_programs.py:N[kv 0/1 shard 1/2]
+  t4 ATTENTION_COMBINE in=(b7,b8,b3) out=(b6) waits=(c3>=2) -> c2 {"head_dim": 4, "n_heads": 2, "h_off": 0, "h_count": 2, "kv_shard_rows": 1, "kv_start": 0, "kv_len": 8, "window": 0} # attention @ small_programs.py:N[combine 0/1]
 """
 
 
 def test_split_kv_golden_text():
-    # two shards of the live window (kv_shard of kv_shards), each a flash partial [2 x (4+2)]
+    # two shards of the live window (kv_shard of kv_shards; live from one row each: a forced
+    # attn_splits), each a flash partial [2 x (4+2)]; the combine counts them again from pos
     golden(split_kv(attention_program(), TWO_SMS), GOLDEN)
 
 
@@ -54,7 +55,7 @@ def test_split_kv_text(stages):
                     r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 3',
                     r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
                     r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 2, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
-                    r'ATTENTION_COMBINE in=\(b\d+,b\d+,b\d+\) .*"h_off": 0, "h_count": 2',
+                    r'ATTENTION_COMBINE in=\(b\d+,b\d+,b\d+,b\d+\) .*"h_off": 0, "h_count": 2',
                     r'ATTENTION_COMBINE .*"h_off": 2, "h_count": 2'])
 
 

@@ -327,6 +327,17 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
   }
 }
 
+// The partials this step's combine merges: the first kv_live_shards(...) of its np (AMK's live
+// count, SHARD_ROWS > 0: from the attention's window params and pos, the input after the
+// partials; regions.combine_live), else all np. The shards past them wrote nothing this step.
+__device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int np) {
+  const int rows = d.ip[P_COMB_SHARD_ROWS];
+  if (rows <= 0) return np;
+  long long lo = d.ip[P_COMB_KV_START], hi = lo + d.ip[P_COMB_KV_LEN];
+  kv_live_window(read_int(P[np], d.ip[P_COMB_POS64]), d.ip[P_COMB_WINDOW], lo, hi);
+  return kv_live_shards(hi - lo, np, rows);
+}
+
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 // TO_SMEM (batch 1, every head; folds.norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
@@ -336,11 +347,13 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 // consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
 // rows may be landing above it (preload.py).
 // HDC, NPC: the head dim and the number of partials, template constants (encoders.py): the
-// per-output index math and the loops over partials compile to shifts and straight code.
+// per-output index math and the loops over partials compile to shifts and straight code. Only
+// the first np <= NPC (the live shards, comb_live) are copied and merged: the loops keep NPC
+// as their bound, np is a predicate; np == 1 is the one partial's acc / l.
 template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = HDC, nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
-  const int B = d.ip[P_COMB_B], np = NPC;
+  const int B = d.ip[P_COMB_B], np = comb_live(d, P, NPC);
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
@@ -367,10 +380,14 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
       const int r = i0, h = h0 + r / hd, dd = r % hd;
       float mx = -__int_as_float(0x7f800000);
 #pragma unroll
-      for (int p = 0; p < np; p++) mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
+      for (int p = 0; p < NPC; p++) {
+        if (p >= np) break;
+        mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
+      }
       float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int p = 0; p < np; p++) {
+      for (int p = 0; p < NPC; p++) {
+        if (p >= np) break;
         const TP* pp = (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2);
         const float lp = to_f(pp[hd + 1]);
         const float w = lp > 0.f ? expf(to_f(pp[hd]) - mx) : 0.f;
