@@ -1,10 +1,13 @@
 """split_kv: each attention becomes P shards over kv rows writing flash partials, and a combine
 per kv group merges them (close to, not bit-identical with, one softmax)."""
-from pass_helpers import (SMALL, bindings, check_lines, close, golden, llama_program, run,
+from dataclasses import replace
+
+import pytest
+from pass_helpers import (SMALL, TINY, bindings, check_lines, close, golden, llama_program, run,
                           run_passes, same, text)
 
 from small_programs import TWO_SMS, attention_program
-from amk.passes.options import PassOptions
+from amk.passes.options import PassOptions, Target
 from amk.passes.split_kv import split_kv
 from amk.program.ir import InstructionKind as K
 
@@ -67,3 +70,37 @@ def test_split_kv_one_shard_keeps_exact_per_group_tasks():
     assert not any(t.op is K.ATTENTION_COMBINE for t in one.tasks)
     b = bindings(p)
     same(run(one, b, order="random"), run(p, b))
+
+
+def _wide(**kw) -> PassOptions:
+    # 32 "SMs", two kv groups: a derived P of 16 shards a group at an 8192-row cache
+    return PassOptions(target=Target("wide", num_sms=32, smem_bytes=1 << 16,
+                                     max_tile_bytes=16 * 32 * 4), **kw)
+
+
+def test_an_8k_cache_keeps_p_from_its_capacity_and_counts_live_shards_from_pos():
+    p = llama_program(replace(TINY, max_seq=8192))
+    split = run_passes(p, _wide(), upto="split_kv")["split_kv"]
+    shards = [t for t in split.tasks if t.op is K.ATTENTION_TILE]
+    assert len(shards) == 2 * 2 * 16                    # 2 layers x 2 kv groups x P = 16
+    assert {t.params["kv_shard_rows"] for t in shards} == {128}   # R = kv_shard_min
+    comb = [t for t in split.tasks if t.op is K.ATTENTION_COMBINE]
+    assert all(len(t.inputs) == 17 and split.buffers[t.inputs[-1]].source == "pos" and
+               t.params["kv_len"] == 8192 for t in comb)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cuda"])
+def test_live_shards_at_an_8k_cache_match_the_unsplit_step(backend):
+    """The tiny Llama at an 8192-row cache through split_kv (P = 16, R = 128; for "cuda" the
+    cuda backend's pass options: one combine folded into every o tile, the K/V appends after
+    the attention) on one reference VM, against the unsplit program. Position 8191 first: every
+    partial then holds that step's values, which the later steps' combines must not read (1, 1
+    and 11 live shards at 0, 200, 1500)."""
+    from amk.backends.reference.vm import ReferenceVM
+    p = llama_program(replace(TINY, max_seq=8192))
+    opts = _wide() if backend == "reference" else PassOptions.for_backend("cuda")
+    vm = ReferenceVM(run_passes(p, opts, upto="place")["place"], order="random")
+    for pos in (8191, 0, 200, 1500):
+        b = bindings(p, pos=pos)
+        got = [t.clone() for t in vm.run({k: v.clone() for k, v in b.items()})]
+        close(got, run(p, b))
