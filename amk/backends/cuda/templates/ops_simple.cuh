@@ -303,8 +303,8 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 
 // op_combine when its partials cannot be staged in shared memory: read from global memory.
 // Out of line: for the 1B step it never runs, and never-run code inside a hot function costs
-// time (NOTES v16).
-template <class TP, class TO>
+// time (NOTES v16). The first np of its NPC partials (op_combine's loops: NPC the bound).
+template <class TP, class TO, int NPC>
 __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, char* smem, int hd, int np) {
   const int nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT], B = d.ip[P_COMB_B];
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
@@ -314,9 +314,13 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
     int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
     long long base = ((long long)b * nh + h) * (hd + 2);
     float m = -__int_as_float(0x7f800000);
-    for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+    for (int p = 0; p < NPC; p++) {
+      if (p >= np) break;
+      m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+    }
     float l = 0.f, acc = 0.f;
-    for (int p = 0; p < np; p++) {
+    for (int p = 0; p < NPC; p++) {
+      if (p >= np) break;
       const TP* pp = (const TP*)P[p];
       float lp = to_f(pp[base + hd + 1]);
       float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
@@ -403,5 +407,5 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     }
     return;
   }
-  combine_direct<TP, TO>(d, P, smem, hd, np);
+  combine_direct<TP, TO, NPC>(d, P, smem, hd, np);
 }
