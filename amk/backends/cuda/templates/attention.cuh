@@ -42,13 +42,13 @@ __device__ __forceinline__ bool attn_window(const TaskDesc& d, void* const* P, l
   }
   if (hi < lo) hi = lo;
   const int shards = d.ip[P_ATTN_KV_SHARDS];
-  if (shards > 1) {
-    const int live = kv_live_shards(hi - lo, shards, d.ip[P_ATTN_SHARD_ROWS]);
-    if (d.ip[P_ATTN_KV_SHARD] >= live) return false;
-    const long long size = (hi - lo + live - 1) / live, s0 = lo + d.ip[P_ATTN_KV_SHARD] * size;
-    hi = hi < s0 + size ? hi : s0 + size;
-    lo = s0;
-    if (hi < lo) hi = lo;
+  if (shards > 1) {                    // in rows from lo: a window's rows fit an int (32-bit math)
+    const int n = (int)(hi - lo), s = d.ip[P_ATTN_KV_SHARD];
+    const int live = kv_live_shards(n, shards, d.ip[P_ATTN_SHARD_ROWS]);
+    if (s >= live) return false;
+    const int size = (n + live - 1) / live, s0 = s * size, e = n < s0 + size ? n : s0 + size;
+    hi = lo + (e > s0 ? e : s0);
+    lo += s0;
   }
   return true;
 }

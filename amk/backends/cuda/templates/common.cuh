@@ -143,9 +143,9 @@ __device__ __forceinline__ void kv_live_window(long long p, int win, long long& 
   if (win > 0 && lo < p + 1 - win) lo = p + 1 - win;
   if (hi < lo) hi = lo;
 }
-__device__ __forceinline__ int kv_live_shards(long long n, int shards, int rows) {
+__device__ __forceinline__ int kv_live_shards(int n, int shards, int rows) {
   if (rows <= 0) return shards;
-  const int l = (int)n / rows;                   // a window's rows fit an int: a 32-bit divide
+  const int l = n / rows;
   return l < 1 ? 1 : l > shards ? shards : l;
 }
 

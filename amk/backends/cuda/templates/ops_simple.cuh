@@ -339,7 +339,7 @@ __device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int 
   if (rows <= 0) return np;
   long long lo = d.ip[P_COMB_KV_START], hi = lo + d.ip[P_COMB_KV_LEN];
   kv_live_window(read_int(P[np], d.ip[P_COMB_POS64]), d.ip[P_COMB_WINDOW], lo, hi);
-  return kv_live_shards(hi - lo, np, rows);
+  return kv_live_shards((int)(hi - lo), np, rows);
 }
 
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
