@@ -14,6 +14,14 @@ P = opts.attn_splits, or from the target: enough tasks to give every SM one (num
 no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group,
 or the one task as it is on a `whole_ops` target (one launch already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
+
+P is the capacity's count (tasks and partial buffers in the schedule). With a runtime pos the
+shards also carry kv_shard_rows R (shard_rows: opts.kv_shard_min for a derived P, the rule P
+came from; 1 for a forced opts.attn_splits): at run time only the first
+L = clamp(live rows // R, 1, P) shards split the live window (regions.kv_window); the others
+exit without writing, and the combine (given pos as its last input and the window's params)
+merges only the first L partials (regions.combine_live). So a step's split-KV work follows the
+live context, not the cache's size: at position 127 one shard does the work whatever max_seq.
 """
 from __future__ import annotations
 
@@ -30,6 +38,12 @@ def shard_count(max_seq: int, groups: int, opts: PassOptions) -> int:
     by_sms = max(1, opts.target.num_sms // max(groups, 1))
     by_len = max(1, max_seq // max(opts.kv_shard_min, 1))
     return max(1, min(by_sms, by_len))
+
+
+def shard_rows(opts: PassOptions) -> int:
+    """R, the fewest rows a live shard gets at run time: a derived P's kv_shard_min (at a full
+    cache every shard is live); a forced attn_splits splits from one row a shard up."""
+    return 1 if opts.attn_splits is not None else max(int(opts.kv_shard_min), 1)
 
 
 def _splittable(t: Task, bufs) -> bool:
@@ -59,6 +73,10 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         start = int(p.get("kv_start", 0))
         length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
         P = shard_count(length, groups, opts)
+        pos = t.inputs[3] if len(t.inputs) > 3 else None
+        # the live count needs the runtime pos; a static window's P is already its count
+        rows = shard_rows(opts) if pos is not None else 0
+        live = {"kv_shard_rows": rows} if rows else {}
         if P == 1 and (groups == 1 or opts.target.whole_ops):
             out.append(t)
             continue
@@ -77,15 +95,21 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         for g, h in enumerate(heads):
             for s in range(P):
                 sp = {**p, **h, "kv_start": start, "kv_len": length, "kv_shard": s,
-                      "kv_shards": P, "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
+                      "kv_shards": P, **live, "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
                 out.append(Task(t.id, t.op, t.inputs, (parts[s],), sp, t.waits, next_counter,
                                 f"{t.name}[kv {g}/{groups} shard {s}/{P}]"))
         # the combines take the attention's counter, so its consumers' waits stay right
         if not opts.combine_per_group:
             heads = [{}]                          # one combine over every head
+        comb_in = tuple(parts)
+        if live:      # the window the shards split, to count them again (regions.combine_live)
+            rows_in_cache = max(0, min(length, bufs[t.inputs[1]].shape[-3] - start))
+            live = {**live, "kv_start": start, "kv_len": rows_in_cache,
+                    "window": int(p.get("window", 0))}
+            comb_in += (pos,)
         for g, h in enumerate(heads):
-            cp = {"head_dim": hd, "n_heads": nh, **h}
-            out.append(Task(t.id, K.ATTENTION_COMBINE, tuple(parts), t.outputs, cp,
+            cp = {"head_dim": hd, "n_heads": nh, **h, **live}
+            out.append(Task(t.id, K.ATTENTION_COMBINE, comb_in, t.outputs, cp,
                             (Wait(next_counter, 1),), t.out_counter,
                             f"{t.name}[combine {g}/{groups}]"))
         next_counter += 1

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Task
 from amk.program.recipe import parse_recipe, recipe_errors
-from amk.program.regions import NEW_KV, PARTIAL_WRITE
+from amk.program.regions import NEW_KV, PARTIAL_WRITE, combine_partials
 
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 FLOATS = (DType.F32, DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2)
@@ -169,6 +169,8 @@ def _attention(c: _Ctx) -> None:
     shards = c.int_("kv_shards", 1, lo=1)
     shard = c.int_("kv_shard", 0, lo=0)
     flags = c.int_("flags", 0, lo=0)
+    if c.int_("kv_shard_rows", 0, lo=0) and len(c.ins) < 4:
+        c.bad("kv_shard_rows (the live shard count) needs the runtime pos input")
     if shard >= shards:
         c.bad(f"kv_shard={shard} is not below kv_shards={shards}")
     if shards > 1 and not flags & PARTIAL_WRITE:
@@ -214,13 +216,25 @@ def _attention(c: _Ctx) -> None:
 
 def _combine(c: _Ctx) -> None:
     hd = c.int_("head_dim", lo=1)
-    first = c.ins[0]
+    parts = c.ins[:combine_partials(c.p, len(c.ins))]
+    if not parts:
+        c.bad("a combine needs at least one partial")
+        raise _Bad
+    first = parts[0]
     n_heads = c.int_("n_heads", first.numel // (hd + 2) or 1, lo=1)
     B = _heads(c, hd + 2, first, "partial 0", n_heads)
-    for i, p in enumerate(c.ins[1:], 1):
+    for i, p in enumerate(parts[1:], 1):
         c.numel(p, first.numel, f"partial {i}")
+    if len(parts) < len(c.ins):           # ext: the live count: kv_shard_rows, pos last
+        c.int_("kv_start", 0, lo=0)
+        c.int_("kv_len", lo=0)
+        c.int_("window", 0, lo=0)
+        pos = c.ins[-1]
+        c.dtype(pos, INTS, "pos")
+        if pos.numel not in (1, B):
+            c.bad(f"pos {_b(pos)} has {pos.numel} elements: one, or one per row ({B})")
     c.numel(c.outs[0], B * n_heads * hd, "output")
-    _head_range(c, n_heads, 1, [(p, hd + 2) for p in c.ins] + [(c.outs[0], hd)])
+    _head_range(c, n_heads, 1, [(p, hd + 2) for p in parts] + [(c.outs[0], hd)])
 
 
 def _rope(c: _Ctx) -> None:

@@ -40,25 +40,67 @@ PARTIAL_WRITE = 2                         # ATTENTION_TILE flags bit: out holds 
 NEW_KV = 4                                # ATTENTION_TILE flags bit: row pos from inputs 4, 5
 
 
-def kv_window(kv_start: int, kv_len: int, max_seq: int, pos: int | None,
-              shard: int = 0, shards: int = 1, window: int = 0) -> tuple[int, int]:
-    """The cache rows [lo, hi) an ATTENTION_TILE reads at run time: [kv_start, kv_start+kv_len)
+def live_window(kv_start: int, kv_len: int, max_seq: int, pos: int | None,
+                window: int = 0) -> tuple[int, int]:
+    """The cache rows [lo, hi) an attention may read at run time: [kv_start, kv_start+kv_len)
     clamped by max_seq and the runtime pos (rows <= pos; a sliding window > 0 also drops rows
-    <= pos - window), then, for a split-KV shard (shards > 1), shard `shard` of `shards` equal
-    pieces of that live window. Splitting the live window, not the cache's capacity, keeps
-    every shard busy however large the cache a user allocates."""
+    <= pos - window)."""
     lo = kv_start
     hi = min(max_seq, kv_start + kv_len)
     if pos is not None:
         hi = min(hi, pos + 1)
         if window > 0:
             lo = max(lo, pos + 1 - window)
-    hi = max(hi, lo)
+    return lo, max(hi, lo)
+
+
+def live_shards(rows: int, shards: int, shard_rows: int) -> int:
+    """How many of a split-KV attention's `shards` shards cover a live window of `rows` rows
+    (ext, AMK's live count): enough that each has at least `shard_rows` rows, at least one and
+    at most `shards`. shard_rows <= 0: every shard (the seed's fixed count)."""
+    if shard_rows <= 0:
+        return shards
+    return max(1, min(shards, rows // shard_rows))
+
+
+def kv_window(kv_start: int, kv_len: int, max_seq: int, pos: int | None,
+              shard: int = 0, shards: int = 1, window: int = 0,
+              shard_rows: int = 0) -> tuple[int, int] | None:
+    """The cache rows [lo, hi) an ATTENTION_TILE reads at run time: the live window
+    (live_window), then, for a split-KV shard (shards > 1), shard `shard` of L equal pieces of
+    it, L = live_shards(its rows, shards, shard_rows) (L = shards when shard_rows is 0).
+    Splitting the live window, not the cache's capacity, keeps every live shard busy however
+    large the cache a user allocates. None: the shard is not live (shard >= L): it reads and
+    writes nothing, and the combine does not read its partial."""
+    lo, hi = live_window(kv_start, kv_len, max_seq, pos, window)
     if shards > 1:
-        size = -(-(hi - lo) // shards)
+        live = live_shards(hi - lo, shards, shard_rows)
+        if shard >= live:
+            return None
+        size = -(-(hi - lo) // live)
         lo, hi = lo + shard * size, min(hi, lo + (shard + 1) * size)
         hi = max(hi, lo)
     return lo, hi
+
+
+def combine_partials(params: Mapping[str, Any], n_inputs: int) -> int:
+    """How many of an ATTENTION_COMBINE's inputs are partials: all, or all but the last, the
+    runtime pos, when the combine counts its live shards (kv_shard_rows > 0, ext)."""
+    return n_inputs - 1 if int(params.get("kv_shard_rows", 0)) > 0 else n_inputs
+
+
+def combine_live(params: Mapping[str, Any], n_parts: int, pos: int | None) -> int:
+    """The partials an ATTENTION_COMBINE merges: the first live_shards(...) of its n_parts,
+    from the attention's window params it carries (kv_start, kv_len: the window's rows in the
+    cache, window) and pos; every partial when it does not count live shards."""
+    rows = int(params.get("kv_shard_rows", 0))
+    if rows <= 0:
+        return n_parts
+    start = int(params.get("kv_start", 0))
+    lo, hi = live_window(start, int(params["kv_len"]), start + int(params["kv_len"]), pos,
+                         int(params.get("window", 0)))
+    return live_shards(hi - lo, n_parts, rows)
+
 
 def _whole(bid: int | None, width) -> list[Region]:
     if bid is None:
@@ -116,10 +158,11 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
         out_cols = _head_cols(params, out_row)
         rep = int(params.get("n_heads", 1)) // max(int(params.get("n_kv_heads", params.get("n_heads", 1))), 1)
         kv_cols = None if in_cols is None or rep < 1 else (in_cols[0] // rep, in_cols[1] // rep)
+        n_parts = combine_partials(params, len(ins)) if op is K.ATTENTION_COMBINE else 0
         for i, b in enumerate(ins):
             # ATTENTION_TILE: q per head, NEW_KV's new k/v rows per kv head; caches and pos
-            # whole. COMBINE: every partial per head.
-            per_head = in_cols is not None and (op is K.ATTENTION_COMBINE or i == 0)
+            # whole. COMBINE: every partial per head, its pos (live count) whole.
+            per_head = in_cols is not None and (i < n_parts or i == 0)
             if op is K.ATTENTION_TILE and i >= 4 and kv_cols is not None:
                 reads += _cols(b, *kv_cols, width)
             else:

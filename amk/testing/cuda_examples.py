@@ -263,6 +263,8 @@ def cases() -> list[Case]:
     C.append(rope_new_kv_attention_case())
     from amk.testing import cuda_examples_models as examples_models   # issue 25's ops (soft-cap, windows, ...)
     C.extend(examples_models.cases())
+    from amk.testing import cuda_examples_live as examples_live   # split-KV's live shard count
+    C.extend(examples_live.cases())
     return C
 
 

@@ -96,11 +96,14 @@ SHAPES = {"qwen3-0.6b": replace(QWEN3_0_6B, n_layers=2),              # head dim
           "llama-3-8b": replace(LLAMA_3_8B, n_layers=1)}
 
 
-@pytest.mark.parametrize("pos", [0, 127, 1023, 4095, 8191])
+# 8192 rows, P = 16, R = 128: live shards 1 (0, 127, 254), 2 (255: the first step with two),
+# 8 (1023), 11 (1500), 15 (2046), 16 (2047: the first with all; 4095, 8191)
+@pytest.mark.parametrize("pos", [0, 127, 254, 255, 1023, 1500, 2046, 2047, 4095, 8191])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_preset_shapes_at_a_users_cache_match_reference_vm(shape, pos):
     """The cache a user allocates (8192 rows: split-KV over the live window [0, pos], P from the
-    capacity) for the other preset shapes and biases, from an empty-ish to a full cache."""
+    capacity, the live shard count from pos) for the other preset shapes and biases, from an
+    empty-ish to a full cache, at the positions where the live count changes."""
     _step_with_history_matches_reference(SHAPES[shape], 8192, pos, seed=6)
 
 

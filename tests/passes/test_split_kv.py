@@ -1,10 +1,13 @@
 """split_kv: each attention becomes P shards over kv rows writing flash partials, and a combine
 per kv group merges them (close to, not bit-identical with, one softmax)."""
-from pass_helpers import (SMALL, bindings, check_lines, close, golden, llama_program, run,
+from dataclasses import replace
+
+import pytest
+from pass_helpers import (SMALL, TINY, bindings, check_lines, close, golden, llama_program, run,
                           run_passes, same, text)
 
 from small_programs import TWO_SMS, attention_program
-from amk.passes.options import PassOptions
+from amk.passes.options import PassOptions, Target
 from amk.passes.split_kv import split_kv
 from amk.program.ir import InstructionKind as K
 
@@ -28,14 +31,15 @@ counters:
 tasks:
   t0 KV_APPEND in=(b1,b3) out=(b4) waits=() -> c0 {} # kv_update @ small_programs.py:N
   t1 KV_APPEND in=(b2,b3) out=(b5) waits=() -> c1 {} # kv_update @ small_programs.py:N
-  t2 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b7) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 2} # attention @ small_programs.py:N[kv 0/1 shard 0/2]
-  t3 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b8) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 1, "kv_shards": 2} # attention @ small_programs.py:N[kv 0/1 shard 1/2]
-  t4 ATTENTION_COMBINE in=(b7,b8) out=(b6) waits=(c3>=2) -> c2 {"head_dim": 4, "n_heads": 2, "h_off": 0, "h_count": 2} # attention @ small_programs.py:N[combine 0/1]
+  t2 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b7) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 2, "kv_shard_rows": 1} # attention @ small_programs.py:N[kv 0/1 shard 0/2]
+  t3 ATTENTION_TILE in=(b0,b4,b5,b3) out=(b8) waits=(c0>=1,c1>=1) -> c3 {"head_dim": 4, "n_heads": 2, "n_kv_heads": 1, "scale": 0.5, "kv_start": 0, "kv_len": 8, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 1, "kv_shards": 2, "kv_shard_rows": 1} # attention @ small_programs.py:N[kv 0/1 shard 1/2]
+  t4 ATTENTION_COMBINE in=(b7,b8,b3) out=(b6) waits=(c3>=2) -> c2 {"head_dim": 4, "n_heads": 2, "h_off": 0, "h_count": 2, "kv_shard_rows": 1, "kv_start": 0, "kv_len": 8, "window": 0} # attention @ small_programs.py:N[combine 0/1]
 """
 
 
 def test_split_kv_golden_text():
-    # two shards of the live window (kv_shard of kv_shards), each a flash partial [2 x (4+2)]
+    # two shards of the live window (kv_shard of kv_shards; live from one row each: a forced
+    # attn_splits), each a flash partial [2 x (4+2)]; the combine counts them again from pos
     golden(split_kv(attention_program(), TWO_SMS), GOLDEN)
 
 
@@ -54,7 +58,7 @@ def test_split_kv_text(stages):
                     r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 0, "kv_shards": 3',
                     r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 0, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
                     r'ATTENTION_TILE .*"kv_start": 0, "kv_len": 16, "flags": 2, "h_off": 2, "h_count": 2, "kv_shard": 2, "kv_shards": 3',
-                    r'ATTENTION_COMBINE in=\(b\d+,b\d+,b\d+\) .*"h_off": 0, "h_count": 2',
+                    r'ATTENTION_COMBINE in=\(b\d+,b\d+,b\d+,b\d+\) .*"h_off": 0, "h_count": 2',
                     r'ATTENTION_COMBINE .*"h_off": 2, "h_count": 2'])
 
 
@@ -66,3 +70,37 @@ def test_split_kv_one_shard_keeps_exact_per_group_tasks():
     assert not any(t.op is K.ATTENTION_COMBINE for t in one.tasks)
     b = bindings(p)
     same(run(one, b, order="random"), run(p, b))
+
+
+def _wide(**kw) -> PassOptions:
+    # 32 "SMs", two kv groups: a derived P of 16 shards a group at an 8192-row cache
+    return PassOptions(target=Target("wide", num_sms=32, smem_bytes=1 << 16,
+                                     max_tile_bytes=16 * 32 * 4), **kw)
+
+
+def test_an_8k_cache_keeps_p_from_its_capacity_and_counts_live_shards_from_pos():
+    p = llama_program(replace(TINY, max_seq=8192))
+    split = run_passes(p, _wide(), upto="split_kv")["split_kv"]
+    shards = [t for t in split.tasks if t.op is K.ATTENTION_TILE]
+    assert len(shards) == 2 * 2 * 16                    # 2 layers x 2 kv groups x P = 16
+    assert {t.params["kv_shard_rows"] for t in shards} == {128}   # R = kv_shard_min
+    comb = [t for t in split.tasks if t.op is K.ATTENTION_COMBINE]
+    assert all(len(t.inputs) == 17 and split.buffers[t.inputs[-1]].source == "pos" and
+               t.params["kv_len"] == 8192 for t in comb)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cuda"])
+def test_live_shards_at_an_8k_cache_match_the_unsplit_step(backend):
+    """The tiny Llama at an 8192-row cache through split_kv (P = 16, R = 128; for "cuda" the
+    cuda backend's pass options: one combine folded into every o tile, the K/V appends after
+    the attention) on one reference VM, against the unsplit program. Position 8191 first: every
+    partial then holds that step's values, which the later steps' combines must not read (1, 1
+    and 11 live shards at 0, 200, 1500)."""
+    from amk.backends.reference.vm import ReferenceVM
+    p = llama_program(replace(TINY, max_seq=8192))
+    opts = _wide() if backend == "reference" else PassOptions.for_backend("cuda")
+    vm = ReferenceVM(run_passes(p, opts, upto="place")["place"], order="random")
+    for pos in (8191, 0, 200, 1500):
+        b = bindings(p, pos=pos)
+        got = [t.clone() for t in vm.run({k: v.clone() for k, v in b.items()})]
+        close(got, run(p, b))

@@ -89,14 +89,19 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row
     # (folds.k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
     # from THETA. NEW_KV: cache row pos is read from k_new, v_new (P[4], P[5]). KV_SHARD of
-    # KV_SHARDS: the shard's piece of the live window (regions.kv_window)
+    # KV_SHARDS: the shard's piece of the live window (regions.kv_window), SHARD_ROWS > 0: of
+    # the live shards only (regions.live_shards)
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
              "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE",
-             "KV_SHARD", "KV_SHARDS", "WINDOW"),   # WINDOW > 0: rows (pos - WINDOW, pos] only
+             "KV_SHARD", "KV_SHARDS", "WINDOW",    # WINDOW > 0: rows (pos - WINDOW, pos] only
+             "SHARD_ROWS"),
     # op_ewx (templates/ops_models.cuh): unary ops and COPY's column move; x read at
     # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
     "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),
-    "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM"),
+    # SHARD_ROWS > 0: only the live shards' partials (regions.combine_live), counted from
+    # KV_START, KV_LEN, WINDOW and pos, the input after the partials
+    "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM", "SHARD_ROWS", "KV_START",
+             "KV_LEN", "WINDOW", "POS64"),
     "EMBED": ("B", "H", "V", "IDS64"),
     # ROPE_HD > 0: the new rows are rotated here (folds.rope_into_append), inverse frequencies
     # at P[2] when ROPE_INV, else from THETA

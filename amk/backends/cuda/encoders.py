@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from amk.program.ir import BufferKind, DType, InstructionKind as K
-from amk.program.regions import NEW_KV
+from amk.program.regions import NEW_KV, combine_partials
 from amk.backends.cuda import abi
 from amk.backends.cuda.smem import XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
@@ -294,9 +294,9 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
                 POS64=int_input(t, ins[3], "attention pos") if has_pos else 0,
                 HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv),
                 KV_SHARD=int(p.get("kv_shard", 0)), KV_SHARDS=int(p.get("kv_shards", 1)),
-                WINDOW=int(p.get("window", 0)))
-    if e.ip["WINDOW"] and not has_pos:
-        fail(t, "a sliding window needs the runtime pos input")
+                WINDOW=int(p.get("window", 0)), SHARD_ROWS=int(p.get("kv_shard_rows", 0)))
+    if (e.ip["WINDOW"] or e.ip["SHARD_ROWS"]) and not has_pos:
+        fail(t, "a sliding window or a live shard count needs the runtime pos input")
     e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)), SOFTCAP=float(p.get("softcap", 0.0)))
     return e
 
@@ -308,13 +308,21 @@ def _enc_combine(t, op, ins, outs, p) -> Encoded:
     B = out.numel // (nh * hd)
     h_off = int(p.get("h_off", 0))
     hc = int(p.get("h_count", nh - h_off))
-    if not ins or any(x.numel != B * nh * (hd + 2) or x.dtype != ins[0].dtype for x in ins):
+    parts = ins[:combine_partials(p, len(ins))]
+    if not parts or any(x.numel != B * nh * (hd + 2) or x.dtype != parts[0].dtype for x in parts):
         fail(t, f"combine inputs must be [{B}, {nh}, {hd}+2] partials of one dtype")
     if not (0 <= h_off and h_off + hc <= nh):
         fail(t, f"head range h_off={h_off}, h_count={hc} outside {nh} heads")
-    e = Encoded(int(op), Variant.of("op_combine", tp=ftype(t, ins[0].dtype), to=ftype(t, out.dtype),
-                                      hdc=hd, npc=len(ins)), group="COMB")
-    e.ip = dict(HD=hd, NH=nh, H_OFF=h_off, H_COUNT=hc, B=B, P=len(ins))
+    e = Encoded(int(op), Variant.of("op_combine", tp=ftype(t, parts[0].dtype), to=ftype(t, out.dtype),
+                                      hdc=hd, npc=len(parts)), group="COMB")
+    e.ip = dict(HD=hd, NH=nh, H_OFF=h_off, H_COUNT=hc, B=B, P=len(parts))
+    if len(parts) < len(ins):           # the live count: pos after the partials
+        pos = ins[-1]
+        if pos.numel != 1:
+            fail(t, f"pos {pos.shape}: the CUDA combine takes one position for every row")
+        e.ip.update(SHARD_ROWS=int(p["kv_shard_rows"]), KV_START=int(p.get("kv_start", 0)),
+                    KV_LEN=int(p["kv_len"]), WINDOW=int(p.get("window", 0)),
+                    POS64=int_input(t, pos, "combine pos"))
     return e
 
 

@@ -14,7 +14,8 @@ import torch
 
 from amk.errors import TraceError, ValidationError
 from amk.backends.reference.semantics_common import column_range, f32, host_int
-from amk.program.regions import NEW_KV, PARTIAL_WRITE, kv_window   # the ATTENTION_TILE flags bits
+from amk.program.regions import (NEW_KV, PARTIAL_WRITE,   # the ATTENTION_TILE flags bits
+                                 combine_live, combine_partials, kv_window)
 
 
 def _cache_view(c: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -42,7 +43,10 @@ def _head_range(params, n_heads: int, rep: int) -> tuple[int, int]:
 
 def attention_tile(inputs, outputs, params, ctx):
     """softmax(q.k^T * scale).v over cache rows [kv_start, kv_start+kv_len) ∩ [0, pos+1), or
-    shard kv_shard of kv_shards equal pieces of that live window (regions.kv_window).
+    shard kv_shard of L equal pieces of that live window (regions.kv_window). The seed splits
+    into kv_shards pieces; AMK's live count (ext, kv_shard_rows R > 0) enters here: L =
+    clamp(live rows // R, 1, kv_shards), and a shard >= L writes nothing (its partial is stale:
+    the combine does not read it).
 
     inputs = [q, k_cache, v_cache, pos?]. flags bit 1 (PARTIAL_WRITE): out is the split-KV flash
     partial ``[B?, n_heads, head_dim+2] = [acc | m | l]`` (un-normalised acc = sum exp(s-m) v);
@@ -77,13 +81,23 @@ def attention_tile(inputs, outputs, params, ctx):
     window = (kv_start, int(params.get("kv_len", max_seq - kv_start)), max_seq)
     shard = (int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)))
     sliding = int(params.get("window", 0))                            # ext: a sliding window
+    shard_rows = int(params.get("kv_shard_rows", 0))                  # ext: the live count
+    live_rows = None                                                  # block: rows whose shard is live
     if block:        # each row its own live window (its shard of it): rows <= pos[r]
-        rows = [kv_window(*window, int(p), *shard, sliding) for p in pos.reshape(-1).tolist()]
+        rows = [kv_window(*window, int(p), *shard, sliding, shard_rows) for p in pos.reshape(-1).tolist()]
+        live_rows = torch.tensor([r is not None for r in rows], device=q_in.device)
+        if not bool(live_rows.any()):
+            return
+        rows = [r if r is not None else (0, 0) for r in rows]
         row_lo = torch.tensor([a for a, _ in rows], device=q_in.device)
         row_hi = torch.tensor([b for _, b in rows], device=q_in.device)
         lo, hi = int(row_lo.min()), max(int(row_lo.min()), int(row_hi.max()))
     else:
-        lo, hi = kv_window(*window, host_int(pos, ctx) if pos is not None else None, *shard, sliding)
+        rows = kv_window(*window, host_int(pos, ctx) if pos is not None else None, *shard,
+                         sliding, shard_rows)
+        if rows is None:                                              # not a live shard
+            return
+        lo, hi = rows
 
     qg = f32(q[:, h_off:h_off + hc]).reshape(R, g1 - g0, rep, hd)     # [R, G, rep, hd]
     kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
@@ -111,20 +125,25 @@ def attention_tile(inputs, outputs, params, ctx):
     out = outputs[0]
     if int(params.get("flags", 0)) & PARTIAL_WRITE:
         ob = out.view(R, n_heads, hd + 2)[:, h_off:h_off + hc]
+        part = torch.empty(R, hc, hd + 2, dtype=torch.float32, device=out.device)
         if hi == lo:
-            ob[..., :hd] = 0
-            ob[..., hd] = float("-inf")
-            ob[..., hd + 1] = 0
-            return
-        m = scores.amax(dim=-1)                                       # [R, G, rep]
-        if empty is not None:                  # exp(-inf - -inf) would be nan: use m = 0 there
-            m_safe = torch.where(empty[:, None, None], torch.zeros_like(m), m)
+            part[..., :hd] = 0
+            part[..., hd] = float("-inf")
+            part[..., hd + 1] = 0
         else:
-            m_safe = m
-        e = torch.exp(scores - m_safe[..., None])
-        ob[..., :hd] = (e @ vw).reshape(R, hc, hd).to(ob.dtype)
-        ob[..., hd] = m.reshape(R, hc).to(ob.dtype)
-        ob[..., hd + 1] = e.sum(dim=-1).reshape(R, hc).to(ob.dtype)
+            m = scores.amax(dim=-1)                                   # [R, G, rep]
+            if empty is not None:              # exp(-inf - -inf) would be nan: use m = 0 there
+                m_safe = torch.where(empty[:, None, None], torch.zeros_like(m), m)
+            else:
+                m_safe = m
+            e = torch.exp(scores - m_safe[..., None])
+            part[..., :hd] = (e @ vw).reshape(R, hc, hd)
+            part[..., hd] = m.reshape(R, hc)
+            part[..., hd + 1] = e.sum(dim=-1).reshape(R, hc)
+        if live_rows is None:
+            ob.copy_(part.to(ob.dtype))
+        else:                                  # a row whose shard is not live keeps its bytes
+            ob[live_rows] = part[live_rows].to(ob.dtype)
         return
     o = torch.softmax(scores, dim=-1) @ vw                            # [R, G, rep, hd]
     out.view(R, n_heads, hd)[:, h_off:h_off + hc] = o.reshape(R, hc, hd).to(out.dtype)
@@ -133,21 +152,39 @@ def attention_tile(inputs, outputs, params, ctx):
 def attention_combine(inputs, outputs, params, ctx):
     """Online-softmax merge of P split-KV partials into ``out[B?, n_heads*head_dim]``:
     m = max_p m_p, l = sum_p l_p e^(m_p-m), out = (sum_p acc_p e^(m_p-m)) / l; a shard with
-    l_p == 0 (empty window) gets weight exactly 0. Only heads [h_off, h_off+h_count) (ext)."""
+    l_p == 0 (empty window) gets weight exactly 0. Only heads [h_off, h_off+h_count) (ext).
+    The seed merges every input; AMK's live count (ext, kv_shard_rows > 0) enters here: the
+    last input is the runtime pos and only the first regions.combine_live(...) partials are
+    read (the shards past them wrote nothing this step). A pos per row (a block) counts per
+    row."""
     hd = int(params["head_dim"])
     out = outputs[0]
     n_heads = int(params.get("n_heads", out.numel() // hd if out.dim() <= 1 else out.shape[-1] // hd))
     B = out.numel() // (n_heads * hd)
     h_off, hc = _head_range(params, n_heads, 1)
-    parts = [f32(p.reshape(B, n_heads, hd + 2)[:, h_off:h_off + hc]) for p in inputs]
-    m = torch.stack([p[..., hd] for p in parts], dim=0).amax(dim=0)   # [B, hc]
+    n_parts = combine_partials(params, len(inputs))
+    live = torch.full((B,), n_parts, dtype=torch.long)          # partials each row merges
+    if n_parts < len(inputs):
+        pos = inputs[-1].reshape(-1)
+        if pos.numel() == 1:
+            live.fill_(combine_live(params, n_parts, host_int(pos, ctx)))
+        else:
+            if pos.numel() != B:
+                raise ValidationError(f"ATTENTION_COMBINE: {pos.numel()} positions for {B} rows")
+            live = torch.tensor([combine_live(params, n_parts, int(p)) for p in pos.tolist()])
+    live = live.to(out.device)[:, None]                          # [B, 1]
+    parts = [f32(p.reshape(B, n_heads, hd + 2)[:, h_off:h_off + hc]) for p in inputs[:n_parts]]
+    neg = torch.tensor(float("-inf"), device=out.device)
+    m = torch.stack([torch.where(i < live, p[..., hd], neg) for i, p in enumerate(parts)],
+                    dim=0).amax(dim=0)                           # [B, hc]
     acc = torch.zeros(B, hc, hd, dtype=torch.float32, device=out.device)
     l = torch.zeros(B, hc, dtype=torch.float32, device=out.device)
-    for p in parts:
+    for i, p in enumerate(parts):
         mp, lp = p[..., hd], p[..., hd + 1]
-        w = torch.where(lp > 0, torch.exp(mp - m), torch.zeros_like(mp))
-        l = l + lp * w
-        acc = acc + p[..., :hd] * w[..., None]
+        use = (lp > 0) & (i < live)                              # a stale partial: never read
+        w = torch.where(use, torch.exp(torch.where(use, mp, m) - m), torch.zeros_like(mp))
+        l = l + torch.where(use, lp, torch.zeros_like(lp)) * w
+        acc = acc + torch.where(use[..., None], p[..., :hd], torch.zeros_like(p[..., :hd])) * w[..., None]
     res = acc / l[..., None].clamp_min(1e-20)
     out.view(B, n_heads, hd)[:, h_off:h_off + hc] = res.to(out.dtype)
 

@@ -19,7 +19,7 @@ from amk.backends.triton.kernels_elementwise import tanh_f32
 def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
                      head_dim, n_heads, rep, max_seq, kv_start, kv_end, g_off, scale,
                      window, softcap, stride_cb, stride_cs, split_len, stride_split, kv_shard,
-                     kv_shards, pos_step,
+                     kv_shards, shard_rows, pos_step,
                      HAS_POS: tl.constexpr, PARTIAL: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (kv groups, B, splits). Online softmax over BLOCK_N cache rows at a time, fp32
@@ -30,7 +30,9 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
     (pos - window, pos] (a sliding window); softcap > 0: scores -> softcap tanh(s / softcap).
     A prompt block (pos_step 1, cache batch stride 0): program b is query row b at position
     pos[b] over the one cache, so the window ends at pos[b] (causal); decode has pos_step 0
-    (one position for every row)."""
+    (one position for every row). shard_rows > 0 (AMK's live count, regions.kv_window): the
+    live window is split over live_shards(...) <= kv_shards shards; a shard past them stores
+    nothing."""
     g = g_off + tl.program_id(0)
     b = tl.program_id(1)
     sid = tl.program_id(2)
@@ -42,13 +44,16 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
         if window > 0:
             kv_start = tl.maximum(kv_start, p_now + 1 - window)
     hi = tl.maximum(hi, kv_start)
-    size = (hi - kv_start + kv_shards - 1) // kv_shards       # ... a split-KV shard's piece of it
+    live = _live_shards(hi - kv_start, kv_shards, shard_rows)   # ... its live shards ...
+    alive = kv_shard < live
+    size = (hi - kv_start + live - 1) // live                   # ... a split-KV shard's piece of it
     kv_start = kv_start + kv_shard * size
     hi = tl.minimum(hi, kv_start + size)
+    hi = tl.where(alive, hi, kv_start)                          # not live: no rows ...
     kv_start = kv_start + sid * split_len          # ... and this program's split of that
     hi = tl.minimum(hi, kv_start + split_len)
     heads = g * rep + tl.arange(0, BLOCK_H)
-    h_mask = heads < (g + 1) * rep
+    h_mask = heads < tl.where(alive, (g + 1) * rep, 0)         # ... and no heads: no stores
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
     hd_mask = h_mask[:, None] & d_mask[None, :]
@@ -87,6 +92,23 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr,
 
 
 @triton.jit
+def _live_shards(rows, shards, shard_rows):
+    """regions.live_shards: shards of at least shard_rows rows, 1..shards (0: every shard)."""
+    by_rows = tl.minimum(tl.maximum(rows // tl.maximum(shard_rows, 1), 1), shards)
+    return tl.where(shard_rows > 0, by_rows, shards)
+
+
+@triton.jit
+def _combine_live(pos_ptr, b, pos_step, num, shard_rows, kv_start, kv_end, window):
+    """regions.combine_live: the partials row b merges (its shards' live count, from pos; pos
+    is not read when shard_rows is 0)."""
+    p_now = tl.load(pos_ptr + b * pos_step, mask=shard_rows > 0, other=0).to(tl.int32)
+    hi = tl.minimum(kv_end, p_now + 1)
+    lo = tl.where(window > 0, tl.maximum(kv_start, p_now + 1 - window), kv_start)
+    return _live_shards(tl.maximum(hi, lo) - lo, num, shard_rows)
+
+
+@triton.jit
 def _part(i: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
     """The i-th partial pointer (i is a compile-time constant, so this folds away)."""
     if i == 0:
@@ -109,28 +131,32 @@ def _part(i: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
 
 @triton.jit
 def combine_kernel(o_ptr, p0, p1, p2, p3, p4, p5, p6, p7, head_dim, n_heads, h_off,
+                   pos_ptr, pos_step, shard_rows, kv_start, kv_end, window,
                    NUM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (h_count, B): merge NUM (<= 8) partials [acc | m | l] of one head. The reference's
     order: m = max_p m_p, then l and acc summed over p in order with weight e^(m_p - m), a shard
-    with l_p == 0 getting weight exactly 0; out = acc / max(l, 1e-20)."""
+    with l_p == 0 getting weight exactly 0; out = acc / max(l, 1e-20). shard_rows > 0: only
+    the first _combine_live(...) partials are read (the live shards')."""
     h = h_off + tl.program_id(0)
     b = tl.program_id(1)
+    live = _combine_live(pos_ptr, b, pos_step, NUM, shard_rows, kv_start, kv_end, window)
     row = (b * n_heads + h) * (head_dim + 2)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
     m = tl.load(p0 + row + head_dim).to(tl.float32)
     for i in tl.static_range(1, NUM):
-        m = tl.maximum(m, tl.load(_part(i, p0, p1, p2, p3, p4, p5, p6, p7) + row + head_dim)
-                       .to(tl.float32))
+        m = tl.maximum(m, tl.load(_part(i, p0, p1, p2, p3, p4, p5, p6, p7) + row + head_dim,
+                                  mask=i < live, other=float("-inf")).to(tl.float32))
     l = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for i in tl.static_range(0, NUM):
         p = _part(i, p0, p1, p2, p3, p4, p5, p6, p7)
-        mp = tl.load(p + row + head_dim).to(tl.float32)
-        lp = tl.load(p + row + head_dim + 1).to(tl.float32)
+        mp = tl.load(p + row + head_dim, mask=i < live, other=float("-inf")).to(tl.float32)
+        lp = tl.load(p + row + head_dim + 1, mask=i < live, other=0.0).to(tl.float32)
         w = tl.where(lp > 0, tl.exp(mp - m), 0.0)
         l = l + lp * w
-        acc = acc + tl.load(p + row + d, mask=d_mask, other=0.0).to(tl.float32) * w
+        acc = acc + tl.load(p + row + d, mask=d < tl.where(i < live, head_dim, 0),
+                            other=0.0).to(tl.float32) * w
     out = acc / tl.maximum(l, 1e-20)
     tl.store(o_ptr + (b * n_heads + h) * head_dim + d, out.to(o_ptr.dtype.element_ty),
              mask=d_mask)
@@ -138,11 +164,13 @@ def combine_kernel(o_ptr, p0, p1, p2, p3, p4, p5, p6, p7, head_dim, n_heads, h_o
 
 @triton.jit
 def combine_stacked_kernel(o_ptr, parts_ptr, P, part_stride, head_dim, n_heads, h_off,
+                           pos_ptr, pos_step, shard_rows, kv_start, kv_end, window,
                            BLOCK_D: tl.constexpr):
     """combine_kernel for any number of partials stacked in one tensor [P, ...] (more than 8
     shards); same order of operations. l is kept lane-wise (every lane holds the same value)."""
     h = h_off + tl.program_id(0)
     b = tl.program_id(1)
+    P = _combine_live(pos_ptr, b, pos_step, P, shard_rows, kv_start, kv_end, window)
     row = (b * n_heads + h) * (head_dim + 2)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim

@@ -19,7 +19,7 @@ from amk.backends.reference.semantics_common import column_range as _column_rang
 from amk.errors import ValidationError
 from amk.program.ir import DType, InstructionKind as K, Task
 from amk.program.recipe import INPUT, OUTPUT, checked_recipe
-from amk.program.regions import NEW_KV, PARTIAL_WRITE   # the ATTENTION_TILE flags bits
+from amk.program.regions import NEW_KV, PARTIAL_WRITE, combine_partials   # flags bits; combine inputs
 
 from amk.backends.triton import kernels_attention as ka
 from amk.backends.triton import kernels_block_attention as kba
@@ -318,12 +318,14 @@ def _attention_tile(inputs, outputs, params):
         float(params.get("softcap", 0.0)),
         max_seq * row if k.dim() == 4 else 0, row,
         SPLIT_ROWS if splits > 1 else max(kv_end - lo, 1), target.stride(0) if splits > 1 else 0,
-        int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)), 1 if block else 0,
+        int(params.get("kv_shard", 0)), int(params.get("kv_shards", 1)),
+        int(params.get("kv_shard_rows", 0)), 1 if block else 0,
         HAS_POS=pos is not None, PARTIAL=partial or splits > 1,
         BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d)
     if splits > 1:
         ka.combine_stacked_kernel[(h_count, B)](out, target, splits, target.stride(0), hd,
-                                                n_heads, h_off, BLOCK_D=block_d)
+                                                n_heads, h_off, *_no_live_count(target),
+                                                BLOCK_D=block_d)
 
 
 def _block_attention(q, k, v, pos, out, params, hd, n_heads, rep, max_seq, lo, kv_end,
@@ -367,22 +369,37 @@ def _attention_combine(inputs, outputs, params):
                              else out.shape[-1] // hd))
     B = out.numel() // (n_heads * hd)
     h_off, h_count = _head_range(params, n_heads, 1)
-    parts = [_dense(p, f"partial {i}") for i, p in enumerate(inputs)]
+    n_parts = combine_partials(params, len(inputs))
+    parts = [_dense(p, f"partial {i}") for i, p in enumerate(inputs[:n_parts])]
     for i, p in enumerate(parts):
         if p.numel() != B * n_heads * (hd + 2):
             raise ValidationError(f"ATTENTION_COMBINE: partial {i} has {p.numel()} elements, "
                                   f"expected B*n_heads*(head_dim+2) = {B * n_heads * (hd + 2)}")
     if h_count == 0 or not parts:
         return
+    if n_parts < len(inputs):           # the live count (regions.combine_live): pos is last
+        pos = _dense(inputs[-1], "pos")
+        if pos.numel() not in (1, B):
+            raise ValidationError(f"ATTENTION_COMBINE: {pos.numel()} positions for {B} rows")
+        start = int(params.get("kv_start", 0))
+        live = (pos, 1 if pos.numel() > 1 else 0, int(params["kv_shard_rows"]), start,
+                start + int(params["kv_len"]), int(params.get("window", 0)))
+    else:
+        live = _no_live_count(parts[0])
     grid = (h_count, B)
     if len(parts) <= 8:
         ptrs = parts + [parts[0]] * (8 - len(parts))
-        ka.combine_kernel[grid](out, *ptrs, hd, n_heads, h_off, NUM=len(parts),
+        ka.combine_kernel[grid](out, *ptrs, hd, n_heads, h_off, *live, NUM=len(parts),
                                 BLOCK_D=_pow2(hd))
     else:
         stacked = torch.stack([p.reshape(-1) for p in parts])
         ka.combine_stacked_kernel[grid](out, stacked, len(parts), stacked.stride(0), hd, n_heads,
-                                        h_off, BLOCK_D=_pow2(hd))
+                                        h_off, *live, BLOCK_D=_pow2(hd))
+
+
+def _no_live_count(any_tensor: torch.Tensor) -> tuple:
+    """The combine kernels' live-count arguments when every partial is merged (pos unread)."""
+    return (any_tensor, 0, 0, 0, 0, 0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from amk.backends.reference.semantics import SEMANTICS, RefCtx, semantics_for
 from amk.errors import TraceError, ValidationError
 from amk.program.ir import DType, InstructionKind as K
 from amk.program.recipe import recipe_errors
-from amk.program.regions import kv_window
+from amk.program.regions import combine_live, kv_window, live_shards
 
 
 def run(op, inputs, outputs, **params):
@@ -238,6 +238,80 @@ def test_kv_window_splits_the_live_window_not_the_cache():
     assert [kv_window(0, 16, 16, 15, s, 3) for s in range(3)] == [(0, 6), (6, 12), (12, 16)]
     assert kv_window(4, 8, 16, 2, 0, 1) == (4, 4)              # the window starts past pos: empty
     assert kv_window(4, 8, 16, None, 1, 2) == (8, 12)          # no pos: the static window
+
+
+def test_live_shard_count_follows_the_live_rows():
+    # at least R rows a live shard, 1..P of them; R 0 keeps the seed's fixed count
+    assert [live_shards(n, 16, 128) for n in (0, 1, 255, 256, 1500, 2047, 2048, 8192)] == \
+        [1, 1, 1, 2, 11, 15, 16, 16]
+    assert live_shards(5, 16, 0) == 16
+    # 8192-row cache, 16 shards, R 128: at pos 200 shard 0 takes all 201 rows, the rest none
+    assert kv_window(0, 8192, 8192, 200, 0, 16, 0, 128) == (0, 201)
+    assert [kv_window(0, 8192, 8192, 200, s, 16, 0, 128) for s in (1, 15)] == [None, None]
+    # pos 1500: 11 live shards of 137 rows (the last 131); shard 11 is not live
+    assert kv_window(0, 8192, 8192, 1500, 0, 16, 0, 128) == (0, 137)
+    assert kv_window(0, 8192, 8192, 1500, 10, 16, 0, 128) == (1370, 1501)
+    assert kv_window(0, 8192, 8192, 1500, 11, 16, 0, 128) is None
+    # a sliding window counts its own rows: 1000 rows at pos 8191 -> 7 live shards of 143
+    assert kv_window(0, 8192, 8192, 8191, 6, 16, 1000, 128) == (8050, 8192)
+    assert kv_window(0, 8192, 8192, 8191, 7, 16, 1000, 128) is None
+    # the combine counts the same shards from its own params
+    live = {"kv_shard_rows": 128, "kv_start": 0, "kv_len": 8192, "window": 0}
+    assert [combine_live(live, 16, p) for p in (0, 200, 1500, 8191)] == [1, 1, 11, 16]
+    assert combine_live(dict(live, window=1000), 16, 8191) == 7
+    assert combine_live({}, 16, 200) == 16
+
+
+@pytest.mark.parametrize("pos_value", [0, 200, 1500, 8191])
+def test_live_shards_merge_to_the_plain_attention_at_an_8k_cache(pos_value):
+    """16 shards of an 8192-row cache at R 128: shards past the live count write nothing (their
+    partials stay NaN) and the combine, given pos, never reads them."""
+    NH, NKV, HD, S, P, R = 4, 2, 8, 8192, 16, 128
+    g = torch.Generator().manual_seed(pos_value)
+    q = torch.randn(1, NH * HD, generator=g)
+    k, v = torch.randn(S, NKV, HD, generator=g), torch.randn(S, NKV, HD, generator=g)
+    pos = torch.tensor([pos_value], dtype=torch.int32)
+    common = dict(head_dim=HD, n_heads=NH, n_kv_heads=NKV, kv_start=0, kv_len=S)
+    parts = []
+    for s in range(P):
+        out = torch.full((NH, HD + 2), float("nan"))
+        run(K.ATTENTION_TILE, [q, k, v, pos], [out], **common, flags=2, kv_shard=s,
+            kv_shards=P, kv_shard_rows=R)
+        assert bool(torch.isnan(out).all()) == (s >= live_shards(pos_value + 1, P, R))
+        parts.append(out)
+    merged = run(K.ATTENTION_COMBINE, parts + [pos], [torch.empty(NH * HD)], head_dim=HD,
+                 n_heads=NH, kv_shard_rows=R, kv_start=0, kv_len=S, window=0)
+    rep = NH // NKV
+    kk, vv = k[:pos_value + 1].repeat_interleave(rep, 1), v[:pos_value + 1].repeat_interleave(rep, 1)
+    scores = torch.einsum("hd,khd->hk", q.view(NH, HD).double(), kk.double()) / HD ** 0.5
+    want = torch.einsum("hk,khd->hd", torch.softmax(scores, -1), vv.double())
+    torch.testing.assert_close(merged.view(NH, HD), want.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_live_shards_count_per_row_in_a_block_of_positions():
+    """A prompt block (pos [T]): each row counts its own live shards; the combine merges each
+    row's own ones."""
+    NH, NKV, HD, S, P, R = 2, 1, 8, 512, 4, 64
+    g = torch.Generator().manual_seed(3)
+    rows = [5, 130, 300]                                  # 1, 2 and 4 live shards
+    q = torch.randn(len(rows), NH * HD, generator=g)
+    k, v = torch.randn(S, NKV, HD, generator=g), torch.randn(S, NKV, HD, generator=g)
+    pos = torch.tensor(rows, dtype=torch.int32)
+    common = dict(head_dim=HD, n_heads=NH, n_kv_heads=NKV, kv_start=0, kv_len=S)
+    parts = []
+    for s in range(P):
+        out = torch.full((len(rows), NH, HD + 2), float("nan"))
+        run(K.ATTENTION_TILE, [q, k, v, pos], [out], **common, flags=2, kv_shard=s,
+            kv_shards=P, kv_shard_rows=R)
+        for r, p in enumerate(rows):
+            assert bool(torch.isnan(out[r]).all()) == (s >= live_shards(p + 1, P, R))
+        parts.append(out)
+    merged = run(K.ATTENTION_COMBINE, parts + [pos], [torch.empty(len(rows), NH * HD)],
+                 head_dim=HD, n_heads=NH, kv_shard_rows=R, kv_start=0, kv_len=S, window=0)
+    for r, p in enumerate(rows):
+        scores = (k[:p + 1, 0] @ q[r].view(NH, HD).T).T / HD ** 0.5     # [NH, p + 1]
+        want = torch.softmax(scores, -1) @ v[:p + 1, 0]
+        torch.testing.assert_close(merged[r].view(NH, HD), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("pos_value", [0, 1, 5, 11])

@@ -309,6 +309,33 @@ def test_attention_partials_heads_and_empty_shard_then_combine():
     assert torch.isnan(y[:2 * hd]).all()
 
 
+@pytest.mark.parametrize("pos_value,P,R", [(0, 16, 128), (200, 16, 128), (1500, 16, 128),
+                                           (8191, 16, 128), (1500, 8, 256)])
+def test_live_shards_of_an_8k_cache_then_combine(pos_value, P, R):
+    """Split-KV's live count (kv_shard_rows R): of P shards over an 8192-row cache only
+    max(1, min(P, (pos+1) // R)) split the live window; the others store nothing (their
+    partials stay NaN, which the combine, given pos, never reads). P = 16 runs the stacked
+    combine, P = 8 the pointer one."""
+    from amk.program.regions import live_shards
+    n_heads, n_kv, hd, max_seq = 4, 2, 8, 8192
+    q = torch.randn(n_heads * hd)
+    k, v = torch.randn(max_seq, n_kv, hd), torch.randn(max_seq, n_kv, hd)
+    pos = torch.tensor([pos_value], dtype=torch.int32)
+    live = live_shards(pos_value + 1, P, R)
+    base = {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "flags": 2, "kv_start": 0,
+            "kv_len": max_seq, "kv_shards": P, "kv_shard_rows": R}
+    parts = []
+    for s in range(P):
+        (p,) = run(K.ATTENTION_TILE, [q, k, v, pos], [(n_heads, hd + 2)], dict(base, kv_shard=s))
+        assert bool(torch.isnan(p).all()) == (s >= live), s
+        parts.append(p)
+    (y,) = run(K.ATTENTION_COMBINE, parts + [pos], [(n_heads * hd,)],
+               {"head_dim": hd, "n_heads": n_heads, "kv_shard_rows": R, "kv_start": 0,
+                "kv_len": max_seq, "window": 0})
+    want, _ = _attention_ref(q.view(n_heads, hd), k, v, 0, pos_value + 1, 1 / math.sqrt(hd))
+    close(y.view(n_heads, hd), want, 1e-4)
+
+
 def test_attention_batched_caches():
     B, n_heads, n_kv, hd, max_seq = 2, 2, 1, 8, 12
     q = torch.randn(B, n_heads * hd)

@@ -26,28 +26,31 @@ __device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, 
 }
 
 // The rows [lo, hi) the task reads (regions.kv_window): the static window clamped by max_seq and
-// pos, then a split-KV shard's piece KV_SHARD of KV_SHARDS of that live window. Returns pos (0
-// without one).
-__device__ __forceinline__ long long attn_window(const TaskDesc& d, void* const* P, long long& lo, long long& hi) {
+// pos, then a split-KV shard's piece KV_SHARD of L pieces of that live window, L the live
+// shard count (SHARD_ROWS > 0: AMK's count from the live rows, kv_live_shards; else
+// KV_SHARDS). Returns false for a shard >= L: it writes nothing (the combine reads only the
+// first L partials). pos: the position (0 without one).
+__device__ __forceinline__ bool attn_window(const TaskDesc& d, void* const* P, long long& lo, long long& hi,
+                                            long long& pos) {
   lo = d.ip[P_ATTN_KV_START];
   hi = lo + d.ip[P_ATTN_KV_LEN];
   if (hi > d.ip[P_ATTN_MAX_SEQ]) hi = d.ip[P_ATTN_MAX_SEQ];
-  long long p = 0;
+  pos = 0;
   if (d.ip[P_ATTN_HAS_POS]) {
-    p = read_int(P[3], d.ip[P_ATTN_POS64]);
-    if (hi > p + 1) hi = p + 1;
-    const int win = d.ip[P_ATTN_WINDOW];                 // sliding window: rows (p - win, p]
-    if (win > 0 && lo < p + 1 - win) lo = p + 1 - win;
+    pos = read_int(P[3], d.ip[P_ATTN_POS64]);
+    kv_live_window(pos, d.ip[P_ATTN_WINDOW], lo, hi);
   }
   if (hi < lo) hi = lo;
-  const long long shards = d.ip[P_ATTN_KV_SHARDS];
-  if (shards > 1) {
-    const long long size = (hi - lo + shards - 1) / shards, s0 = lo + d.ip[P_ATTN_KV_SHARD] * size;
-    hi = hi < s0 + size ? hi : s0 + size;
-    lo = s0;
-    if (hi < lo) hi = lo;
+  const int shards = d.ip[P_ATTN_KV_SHARDS];
+  if (shards > 1) {                    // in rows from lo: a window's rows fit an int (32-bit math)
+    const int n = (int)(hi - lo), s = d.ip[P_ATTN_KV_SHARD];
+    const int live = kv_live_shards(n, shards, d.ip[P_ATTN_SHARD_ROWS]);
+    if (s >= live) return false;
+    const int size = (n + live - 1) / live, s0 = s * size, e = n < s0 + size ? n : s0 + size;
+    hi = lo + (e > s0 ? e : s0);
+    lo += s0;
   }
-  return p;
+  return true;
 }
 
 // One chunk's online softmax: warp w < nhs turns head w's scores sc[w * stride + i], i < cn,
@@ -109,8 +112,8 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
-  long long lo, hi;
-  attn_window(d, P, lo, hi);
+  long long lo, hi, p_unused;
+  if (!attn_window(d, P, lo, hi, p_unused)) return;        // not a live shard this step
   const int n = (int)(hi - lo);
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
@@ -320,9 +323,9 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
-  long long lo, hi;
-  const long long pos = attn_window(d, P, lo, hi);           // the live window: the shard's rows
-  const int n = (int)(hi - lo);
+  long long lo, hi, pos;
+  if (!attn_window(d, P, lo, hi, pos)) return;              // not a live shard this step
+  const int n = (int)(hi - lo);                              // the live window: the shard's rows
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   const AttnLayout L = attn_layout(hd, (int)sizeof(TK), (int)sizeof(TV), HG);

@@ -142,6 +142,21 @@ __device__ __forceinline__ long long read_int(const void* p, int is64) {
   return is64 ? *(const long long*)p : (long long)*(const int*)p;
 }
 
+// Split-KV's live window and live shard count (regions.live_window, regions.live_shards): the
+// rows [lo, hi) of [lo, lo + len) that pos allows (rows <= p; win > 0: also rows > p - win), and
+// how many of `shards` shards split them, each at least `rows` rows (rows 0: all of them).
+// The attention and the combine both count with these, so they agree on every step.
+__device__ __forceinline__ void kv_live_window(long long p, int win, long long& lo, long long& hi) {
+  if (hi > p + 1) hi = p + 1;
+  if (win > 0 && lo < p + 1 - win) lo = p + 1 - win;
+  if (hi < lo) hi = lo;
+}
+__device__ __forceinline__ int kv_live_shards(int n, int shards, int rows) {
+  if (rows <= 0) return shards;
+  const int l = n / rows;
+  return l < 1 ? 1 : l > shards ? shards : l;
+}
+
 // Cross-CTA synchronisation.
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;

@@ -303,8 +303,8 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
 
 // op_combine when its partials cannot be staged in shared memory: read from global memory.
 // Out of line: for the 1B step it never runs, and never-run code inside a hot function costs
-// time (NOTES v16).
-template <class TP, class TO>
+// time (NOTES v16). The first np of its NPC partials (op_combine's loops: NPC the bound).
+template <class TP, class TO, int NPC>
 __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, char* smem, int hd, int np) {
   const int nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT], B = d.ip[P_COMB_B];
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
@@ -314,9 +314,13 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
     int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
     long long base = ((long long)b * nh + h) * (hd + 2);
     float m = -__int_as_float(0x7f800000);
-    for (int p = 0; p < np; p++) m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+    for (int p = 0; p < NPC; p++) {
+      if (p >= np) break;
+      m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+    }
     float l = 0.f, acc = 0.f;
-    for (int p = 0; p < np; p++) {
+    for (int p = 0; p < NPC; p++) {
+      if (p >= np) break;
       const TP* pp = (const TP*)P[p];
       float lp = to_f(pp[base + hd + 1]);
       float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
@@ -325,6 +329,17 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
     const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
     if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
   }
+}
+
+// The partials this step's combine merges: the first kv_live_shards(...) of its np (AMK's live
+// count, SHARD_ROWS > 0: from the attention's window params and pos, the input after the
+// partials; regions.combine_live), else all np. The shards past them wrote nothing this step.
+__device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int np) {
+  const int rows = d.ip[P_COMB_SHARD_ROWS];
+  if (rows <= 0) return np;
+  long long lo = d.ip[P_COMB_KV_START], hi = lo + d.ip[P_COMB_KV_LEN];
+  kv_live_window(read_int(P[np], d.ip[P_COMB_POS64]), d.ip[P_COMB_WINDOW], lo, hi);
+  return kv_live_shards((int)(hi - lo), np, rows);
 }
 
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
@@ -336,11 +351,13 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 // consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
 // rows may be landing above it (preload.py).
 // HDC, NPC: the head dim and the number of partials, template constants (encoders.py): the
-// per-output index math and the loops over partials compile to shifts and straight code.
+// per-output index math and the loops over partials compile to shifts and straight code. Only
+// the first np <= NPC (the live shards, comb_live) are copied and merged: the loops keep NPC
+// as their bound, np is a predicate; np == 1 is the one partial's acc / l.
 template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = HDC, nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
-  const int B = d.ip[P_COMB_B], np = NPC;
+  const int B = d.ip[P_COMB_B], np = comb_live(d, P, NPC);
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
@@ -367,10 +384,14 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
       const int r = i0, h = h0 + r / hd, dd = r % hd;
       float mx = -__int_as_float(0x7f800000);
 #pragma unroll
-      for (int p = 0; p < np; p++) mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
+      for (int p = 0; p < NPC; p++) {
+        if (p >= np) break;
+        mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
+      }
       float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int p = 0; p < np; p++) {
+      for (int p = 0; p < NPC; p++) {
+        if (p >= np) break;
         const TP* pp = (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2);
         const float lp = to_f(pp[hd + 1]);
         const float w = lp > 0.f ? expf(to_f(pp[hd]) - mx) : 0.f;
@@ -386,5 +407,5 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     }
     return;
   }
-  combine_direct<TP, TO>(d, P, smem, hd, np);
+  combine_direct<TP, TO, NPC>(d, P, smem, hd, np);
 }
