@@ -80,8 +80,10 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (preload.py)
     # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, folds.norm_into_gemv)
     # BIAS_AT: the bias input's index (0: none; a quantized GEMV's bias is its last input)
+    # KW, SPI: op_gemv_mma's x window (elements of K) and K segments an item (gemv_batch.py);
+    # ARG_SLOTS: its EPI 3 partials a row of x (the argmax's tiles)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
-             "PRE", "BIAS_AT"),
+             "PRE", "BIAS_AT", "KW", "SPI", "ARG_SLOTS"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row
