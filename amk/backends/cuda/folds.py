@@ -195,7 +195,7 @@ def pair_gemvs(f: Fused) -> Fused:
         ip = dict(a.ip)
         if ga.fn == "op_gemv_mma":         # twice the sums: the plan may change, or not fit
             p = gemv_batch.replan(ga, ip, nmat=2)
-            if p is None:
+            if p is None or p.nb < ga.arg("nb"):      # not at the cost of a pass over the weights
                 return None
             ga = ga.with_(nb=p.nb)
             ip.update(gemv_batch.plan_ip(p))
@@ -259,7 +259,8 @@ def norm_into_gemv(f: Fused) -> Fused:
 def norm_into_mma(f: Fused) -> Fused:
     """An RMSNorm of the M rows of x (bf16) into a scratch only the op_gemv_mma right after it
     reads, as x: one op_gemv_mma (NORM) that stages x and normalises it in shared memory
-    (mma_norm_x: the norm's order, the same bits), when its plan holds all of K in one window.
+    (mma_norm_x: the norm's order, the same bits), when its plan holds all of K in one window
+    with as many rows of x a pass.
     Args as norm_into_gemv's. Runs after fold_add (never meets the ADD epilogue)."""
     def fold(window, later):
         (n, na, no), (g, ga, go) = window
@@ -271,7 +272,7 @@ def norm_into_mma(f: Fused) -> Fused:
                 and all(v.ref != no[0].ref for v in ga[1:]) and not _read_later(no[0].ref, later)):
             return None
         p = gemv_batch.replan(g.variant, g.ip, norm=True)
-        if p is None:
+        if p is None or p.nb < g.variant.arg("nb"):   # not at the cost of a pass over the weights
             return None
         var = g.variant.with_(norm=True, nw=ftype(None, na[1].dtype), nb=p.nb)
         e = Encoded(g.op, var, dict(g.ip, **gemv_batch.plan_ip(p)), dict(g.fp, EPS=n.fp["EPS"]), g.group)

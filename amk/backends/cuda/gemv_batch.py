@@ -19,7 +19,8 @@ from amk.backends.cuda.smem import NTHREADS, PRE_OFF
 from amk.backends.cuda.steps import Variant
 
 NB_MAX = 4                       # n-tiles of 8 rows of x a pass (registers: 4 x 8 accumulators)
-KU = 4                           # k-blocks (16-byte loads per row per lane) an item has in flight
+KU = 2                           # k-blocks (16-byte loads per row per lane) an item has in flight
+#                                  (4: ptxas spilled in op_gemv_mma and the scheduler)
 VW = {0: 8, 1: 16, 2: 32, 3: 16}  # elements of a 16-byte weight vector, by QMODE
 NWARPS = NTHREADS // 32
 BUDGET = PRE_OFF                 # bytes of the work area below the o tile's preload

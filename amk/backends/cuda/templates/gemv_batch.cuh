@@ -239,7 +239,7 @@ __device__ __forceinline__ void mma_unpack_scaled(uint4 v, const TS* sp, const T
 
 // The batched / quantized GEMV (gemv_batch.gemv_mma). NB n-tiles of 8 rows of x a pass (MP = 8
 // NB rows; M > MP: passes, each reading the weights again); K in windows of KW (ip), a window's
-// K in CH chunks of SPI segments of SEG elements (KU k-blocks: 8 x 16-byte loads a lane in
+// K in CH chunks of SPI segments of SEG elements (KU k-blocks: 4 x 16-byte loads a lane in
 // flight), one item a (matrix, 16-row group, chunk). EPI as op_gemv_direct's, for every row m
 // of x: 0 store (+ bias), 1 ADD the residual's row m, 2 (NMAT 2) silu(gate) * up, 3 store and
 // the tile's argmax partial of row m at parts[(m ARG_SLOTS + ARG_SLOT) 2]. NORM: x is the
@@ -248,7 +248,7 @@ __device__ __forceinline__ void mma_unpack_scaled(uint4 v, const TS* sp, const T
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, bool GSCALE, int NB,
           class TR = float, class TO = TY, bool NORM = false, class NW = float>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
-  constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = 4, SEG = KU * KB, MP = 8 * NB;
+  constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = 2, SEG = KU * KB, MP = 8 * NB;
   constexpr bool PERM2 = QMODE == 2 && GSCALE, PERM3 = QMODE == 3 && GSCALE;
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
