@@ -72,12 +72,12 @@ def cases() -> list[Case]:
                                 (16, 8192, 16, False), (64, 520, 7, True)):
         C.append(_float_case(M, 64, Kd, 3, n_tile, bias))
     # quantized: group scales on the mma's sums (group a multiple of the k-block: 64 int8 / fp8,
-    # 128 int4; one group a row), prescaled weights (group 32 / 16), zeros, a bias
+    # 128 int4; one group a row), prescaled weights (group 32: one a 16-byte vector), zeros, a bias
     for fmt, M, Kd, group, zeros, bias in (
             ("int8", 1, 640, 128, False, False), ("int8", 5, 384, 64, True, True),
             ("int8", 16, 208, 32, True, False), ("int8", 64, 1024, 1024, False, False),
             ("int4", 1, 1024, 128, False, True), ("int4", 2, 640, 128, True, False),
-            ("int4", 16, 96, 16, True, False), ("int4", 8, 2048, 2048, False, False),
+            ("int4", 16, 96, 32, True, False), ("int4", 8, 2048, 2048, False, False),
             ("fp8", 1, 512, 128, False, False), ("fp8", 5, 1040, 64, False, True),
             ("fp8", 16, 96, 32, False, False), ("fp8", 64, 256, 256, False, False)):
         C.append(_quant_case(fmt, M, 48, Kd, group, zeros, bias, 5, 33))

@@ -180,7 +180,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     row_bytes = ldw * w.esize
     direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
               and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
-    mma = _mma_plan(t, x, w, out, M, Kd, n_tile, qmode, ldw, row_bytes, quant)
+    mma = (_mma_plan(t, x, w, out, M, Kd, n_tile, qmode, ldw, row_bytes, quant)
+           if gemv_batch.scales_vectors(qmode, group, ngroups) else None)
     if mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
                                   bias=has_bias, zeros=zeros is not None,

@@ -170,20 +170,19 @@ def rope_into_append(f: Fused) -> Fused:
 
 
 def pair_gemvs(f: Fused) -> Fused:
-    """gate GEMV, up GEMV (op_gemv_direct, same x and row tile, scratch outputs) and the
-    SILU_MUL of exactly those two tiles that follows them: one op_gemv_direct of NMAT=2 that
-    computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is staged once,
-    one item holds a row of each matrix, and neither tile goes through scratch."""
+    """gate GEMV, up GEMV (one op_gemv_direct or op_gemv_mma variant, same x and row tile,
+    scratch outputs) and the SILU_MUL of exactly those two tiles that follows them: one GEMV of
+    NMAT=2 that computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is
+    staged once and neither tile goes through scratch. op_gemv_mma: its plan for twice the sums,
+    quantized matrices' scales (and zeros) after the weights."""
     silu = abi.EW_KINDS.index("SILU_MUL")
-    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY")
+    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY", "GROUP", "NGROUPS", "BIAS_AT")
 
     def fold(window, later):
         (a, aa, ao), (b, ba, bo), (c, ca, co) = window
-        ga, gb = _direct(a) or _mma_float(a), _direct(b) or _mma_float(b)
-        if not (ga and gb and ga.fn == gb.fn and ga.arg("epi") == gb.arg("epi") == 0 and not ga.arg("bias")
-                and not gb.arg("bias") and ga.arg("nmat") == gb.arg("nmat") == 1
-                and ga.arg("tw") == gb.arg("tw") and ga.arg("ty") == gb.arg("ty")
-                and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
+        ga, gb = _direct(a) or _mma(a), _direct(b) or _mma(b)
+        if not (ga and ga == gb and ga.arg("epi") == 0 and not ga.arg("bias") and ga.arg("nmat") == 1
+                and len(aa) == len(ba) and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
                 and c.op == int(K.SILU_MUL) and c.ip.get("KIND") == silu and c.ip["ROWS"] == a.ip["M"]
                 and sorted(v.ref for v in ca) == sorted([ao[0].ref, bo[0].ref]) and ao[0].ref != bo[0].ref
                 and ao[0].ref[0] == bo[0].ref[0] == REF_SCRATCH
@@ -200,8 +199,9 @@ def pair_gemvs(f: Fused) -> Fused:
             ga = ga.with_(nb=p.nb)
             ip.update(gemv_batch.plan_ip(p))
         e = Encoded(a.op, ga.with_(nmat=2, epi=2, to=ftype(None, co[0].dtype)), ip, dict(a.fp), a.group)
-        gate, up = (aa[1], ba[1]) if ca[0].ref == ao[0].ref else (ba[1], aa[1])
-        return e, [aa[0], gate, up], [co[0]]
+        gate, up = (aa, ba) if ca[0].ref == ao[0].ref else (ba, aa)
+        # quantized: x, the weights, their scales, their zeros (op_gemv_mma's P order)
+        return e, [aa[0]] + [v for i in range(1, len(aa)) for v in (gate[i], up[i])], [co[0]]
     return Fused(_fold_windows(f.steps, 3, fold), f.zero)
 
 
@@ -280,10 +280,8 @@ def norm_into_mma(f: Fused) -> Fused:
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
 
 
-def _mma_float(e: Encoded) -> Variant | None:
-    """An op_gemv_mma of float weights (pair_gemvs pairs those; quantized ones keep their own
-    scales and zeros inputs)."""
-    return e.variant if e.is_fn("op_gemv_mma") and e.variant.arg("qmode") == 0 else None
+def _mma(e: Encoded) -> Variant | None:
+    return e.variant if e.is_fn("op_gemv_mma") else None
 
 
 def _with_inv(v: Variant, inv) -> Variant:

@@ -143,9 +143,10 @@ __device__ __forceinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc
   }
 }
 
-// The sums of the pass's rows (part, every chunk added in order) through the epilogue EPI.
+// The sums of the pass's rows (part, every chunk added in order) through the epilogue EPI. Out of
+// line: inlined, the scheduler spilled (ptxas, NVRTC 13).
 template <class TY, class TS, int EPI, bool BIAS, int NMAT, class TR, class TO>
-__device__ __forceinline__ void mma_epilogue(const TaskDesc& d, void* const* P, const float* part, int rows16, int MP,
+__device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, const float* part, int rows16, int MP,
                                              int CH, int m0, int mc, int N, int n_off, int n_tile) {
   const TS* bias = (const TS*)P[d.ip[P_GEMV_BIAS_AT]];
   const TR* res = (const TR*)P[d.n_in - 1];
@@ -219,22 +220,18 @@ __device__ __forceinline__ void mma_load(uint4 (&wv)[2][KU], float (&sc)[2][KU],
   }
 }
 
-// Prescaled weights (a group smaller than a k-block): w = (q - zero) * scale per element in
-// fp32, rounded to bf16, natural order.
+// Prescaled weights (a group smaller than a k-block, a multiple of a vector: gemv_batch.py):
+// w = (q - zero) * scale of the vector's group in fp32, rounded to bf16, natural order.
 template <int QMODE, bool ZEROS, class TS, class TZ>
 __device__ __forceinline__ void mma_unpack_scaled(uint4 v, const TS* sp, const TZ* zp, long long srow, int ng,
                                                   int group, int k, unsigned* o) {
   constexpr int VW = MmaVec<QMODE>::VW;
   float f[VW];
   gemv_unpack<QMODE, unsigned char>(v, f);
+  int gi = k / group; if (gi > ng - 1) gi = ng - 1;
+  const float s = to_f(sp[srow + gi]), z = ZEROS ? to_f(zp[srow + gi]) : 0.f;
 #pragma unroll
-  for (int e = 0; e < VW; e++) {
-    int gi = (k + e) / group; if (gi > ng - 1) gi = ng - 1;
-    const float z = ZEROS ? to_f(zp[srow + gi]) : 0.f;
-    f[e] = (ZEROS ? f[e] - z : f[e]) * to_f(sp[srow + gi]);
-  }
-#pragma unroll
-  for (int i = 0; i < VW / 2; i++) o[i] = pack_bf16x2(f[2 * i], f[2 * i + 1]);
+  for (int i = 0; i < VW / 2; i++) o[i] = pack_bf16x2((f[2 * i] - z) * s, (f[2 * i + 1] - z) * s);
 }
 
 // The batched / quantized GEMV (gemv_batch.gemv_mma). NB n-tiles of 8 rows of x a pass (MP = 8
@@ -244,7 +241,8 @@ __device__ __forceinline__ void mma_unpack_scaled(uint4 v, const TS* sp, const T
 // of x: 0 store (+ bias), 1 ADD the residual's row m, 2 (NMAT 2) silu(gate) * up, 3 store and
 // the tile's argmax partial of row m at parts[(m ARG_SLOTS + ARG_SLOT) 2]. NORM: x is the
 // RMSNorm of P[0] with weight P[n_in - 1] (one window).
-// P: x, W_1..W_NMAT (bf16) | W, scales, [zeros] (quantized), [bias], [residual | norm weight], outputs.
+// P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
+// then the outputs.
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, bool GSCALE, int NB,
           class TR = float, class TO = TY, bool NORM = false, class NW = float>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
@@ -265,8 +263,6 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   float* red = part + NMAT * rows16 * MP * CH;             // NORM: MP * NWARPS, then rinv: MP
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   (void)lane;
-  const TS* sp = (const TS*)P[2];
-  const TZ* zp = (const TZ*)P[ZEROS ? 3 : 2];
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
@@ -285,6 +281,8 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       for (int it = warp; it < items; it += NWARPS) {
         const int mat = it / (groups * CH), rem = it - mat * groups * CH, grp = rem / CH, ch = rem - grp * CH;
         const char* W = (const char*)P[1 + mat] + (long long)n_off * rbytes;
+        const TS* sp = (const TS*)P[1 + NMAT + mat];                 // quantized: the matrix's scales
+        const TZ* zp = (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1 + NMAT + mat];
         float acc[NB][4];
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
