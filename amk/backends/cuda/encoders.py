@@ -180,7 +180,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     row_bytes = ldw * w.esize
     direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
               and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
-    mma = (_mma_plan(t, x, w, out, M, Kd, n_tile, qmode, ldw, row_bytes, quant)
+    mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) else None)
     if mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
@@ -200,8 +200,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     return e
 
 
-def _mma_plan(t, x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: int, ldw: int,
-              row_bytes: int, quant: bool):
+def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: int,
+              row_bytes: int, quant: bool) -> gemv_batch.MmaPlan | None:
     """op_gemv_mma's plan for a GEMV it runs (gemv_batch.py), else None: bf16 x, whole 16-byte
     weight vectors a row, and quantized weights (any M) or bf16 weights with M > 1."""
     vw = gemv_batch.VW[qmode]
