@@ -10,8 +10,8 @@
 // the weights (PERM), so each lane's x fragment is 16-byte vectors too.
 // Integer / fp8 weights become bf16 exactly (q - zero is an integer below 256; an E4M3 value
 // is a bf16 value); the group scale multiplies the mma's sums of one k-block (GSCALE: the
-// group is a multiple of the k-block), else each weight is scaled in fp32 and rounded to bf16
-// first (within 1e-2 of the reference, not its bits).
+// group is a multiple of the k-block), else a 16-byte vector's weights are scaled by their
+// group's scale in fp32 and rounded to bf16 first (within 1e-2 of the reference, not its bits).
 // Sums: part[((mat * rows16 + row) * MP + m) * CH + chunk] (CH chunks of SPI segments a window
 // of KW elements of K; windows add into the same slots in order): fixed order, bit-stable.
 
@@ -31,7 +31,7 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1
 }
 
 // One 16-byte weight vector -> VW / 2 bf16x2 words, exact: (q - zero) for the integers, the
-// value for fp8 and bf16. `zw`: zero as a float (int8) or bf16x2 of -(136 + zero) (int4).
+// value for fp8 and bf16 (z: the row's zero of this k-block's group, 0 without zeros).
 // PERM orders (QMODE 2: per 8 elements 0 4 1 5 2 6 3 7; QMODE 3: per 4 elements 0 2 1 3).
 template <int QMODE>
 __device__ __forceinline__ void mma_unpack(uint4 v, float z, unsigned* o) {
