@@ -7,7 +7,7 @@ import math
 
 from amk.program.ir import BufferKind, DType, InstructionKind as K
 from amk.program.regions import NEW_KV, combine_partials
-from amk.backends.cuda import abi
+from amk.backends.cuda import abi, gemv_batch
 from amk.backends.cuda.smem import XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
                                      int_input)
@@ -180,7 +180,13 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     row_bytes = ldw * w.esize
     direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
               and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
-    if direct:
+    mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
+           if gemv_batch.scales_vectors(qmode, group, ngroups) else None)
+    if mma is not None and not direct:
+        var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
+                                  bias=has_bias, zeros=zeros is not None,
+                                  gscale=gemv_batch.gscale(qmode, group, ngroups), nb=mma.nb)
+    elif direct:
         var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
                           bias=has_bias, tr="float", to=ftype(t, out.dtype))
     else:
@@ -189,7 +195,23 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     e = Encoded(int(op), var, group="GEMV")
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
                 NGROUPS=ngroups, BIAS_AT=bias_at)
+    if var.fn == "op_gemv_mma":
+        e.ip.update(gemv_batch.plan_ip(mma))
     return e
+
+
+def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: int,
+              row_bytes: int, quant: bool) -> gemv_batch.MmaPlan | None:
+    """op_gemv_mma's plan for a GEMV it runs (gemv_batch.py), else None: bf16 x, whole 16-byte
+    weight vectors a row, and quantized weights (any M) or bf16 weights with M > 1."""
+    vw = gemv_batch.VW[qmode]
+    if x.dtype != DType.BF16 or out.dtype not in (DType.F32, DType.F16, DType.BF16):
+        return None
+    if Kd % vw or Kd % 8 or row_bytes % 16 or w.kind not in (BufferKind.WEIGHT, BufferKind.CONST):
+        return None
+    if not (quant or (w.dtype == DType.BF16 and M > 1)):
+        return None
+    return gemv_batch.plan(M, Kd, n_tile, 1, qmode)
 
 
 def _direct_fits(Kd: int, n_tile: int, nv: int) -> bool:

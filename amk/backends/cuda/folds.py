@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from amk.program.ir import InstructionKind as K
-from amk.backends.cuda import abi
+from amk.program.ir import DType, InstructionKind as K
+from amk.backends.cuda import abi, gemv_batch
 from amk.backends.cuda.smem import NTHREADS, XS_MAX
 from amk.backends.cuda.steps import (FLOATS, REF_SCRATCH, RMS_RN, Encoded, Fused, Variant, ctype,
                                      ftype)
@@ -45,6 +45,7 @@ def norm_into_smem(f: Fused) -> Fused:
         if not readers or writers != [i] or readers != list(range(i + 1, i + 1 + len(readers))):
             continue
         if all(steps[j][0].op in (int(K.GEMV_TILE), int(K.GEMM_TILE))
+               and not steps[j][0].is_fn("op_gemv_mma")          # stages bf16 x itself
                and steps[j][1][0].ref == ref and all(v.ref != ref for v in steps[j][1][1:])
                and steps[j][0].ip["M"] == 1 and steps[j][0].ip["K"] == H
                for j in readers):
@@ -169,21 +170,20 @@ def rope_into_append(f: Fused) -> Fused:
 
 
 def pair_gemvs(f: Fused) -> Fused:
-    """gate GEMV, up GEMV (op_gemv_direct, same x and row tile, scratch outputs) and the
-    SILU_MUL of exactly those two tiles that follows them: one op_gemv_direct of NMAT=2 that
-    computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is staged once,
-    one item holds a row of each matrix, and neither tile goes through scratch."""
+    """gate GEMV, up GEMV (one op_gemv_direct or op_gemv_mma variant, same x and row tile,
+    scratch outputs) and the SILU_MUL of exactly those two tiles that follows them: one GEMV of
+    NMAT=2 that computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is
+    staged once and neither tile goes through scratch. op_gemv_mma: its plan for twice the sums,
+    quantized matrices' scales (and zeros) after the weights."""
     silu = abi.EW_KINDS.index("SILU_MUL")
-    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY")
+    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY", "GROUP", "NGROUPS", "BIAS_AT")
 
     def fold(window, later):
         (a, aa, ao), (b, ba, bo), (c, ca, co) = window
-        ga, gb = _direct(a), _direct(b)
-        if not (ga and gb and ga.arg("epi") == gb.arg("epi") == 0 and not ga.arg("bias")
-                and not gb.arg("bias") and ga.arg("nmat") == gb.arg("nmat") == 1
-                and ga.arg("tw") == gb.arg("tw") and ga.arg("ty") == gb.arg("ty")
-                and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
-                and c.op == int(K.SILU_MUL) and c.ip.get("KIND") == silu and c.ip["ROWS"] == 1
+        ga, gb = _direct(a) or _mma(a), _direct(b) or _mma(b)
+        if not (ga and ga == gb and ga.arg("epi") == 0 and not ga.arg("bias") and ga.arg("nmat") == 1
+                and len(aa) == len(ba) and aa[0].ref == ba[0].ref and all(a.ip.get(k) == b.ip.get(k) for k in same)
+                and c.op == int(K.SILU_MUL) and c.ip.get("KIND") == silu and c.ip["ROWS"] == a.ip["M"]
                 and sorted(v.ref for v in ca) == sorted([ao[0].ref, bo[0].ref]) and ao[0].ref != bo[0].ref
                 and ao[0].ref[0] == bo[0].ref[0] == REF_SCRATCH
                 and (c.ip["C0"], c.ip["C1"]) == (a.ip["N_OFF"], a.ip["N_OFF"] + a.ip["N_TILE"])
@@ -191,10 +191,17 @@ def pair_gemvs(f: Fused) -> Fused:
                 and co[0].cols == ao[0].cols == bo[0].cols == a.ip["N"] and co[0].dtype in FLOATS
                 and not _read_later(ao[0].ref, later) and not _read_later(bo[0].ref, later)):
             return None
-        e = Encoded(a.op, ga.with_(nmat=2, epi=2, to=ftype(None, co[0].dtype)), dict(a.ip),
-                    dict(a.fp), a.group)
-        gate, up = (aa[1], ba[1]) if ca[0].ref == ao[0].ref else (ba[1], aa[1])
-        return e, [aa[0], gate, up], [co[0]]
+        ip = dict(a.ip)
+        if ga.fn == "op_gemv_mma":         # twice the sums: the plan may change, or not fit
+            p = gemv_batch.replan(ga, ip, nmat=2)
+            if p is None or p.nb < ga.arg("nb"):      # not at the cost of a pass over the weights
+                return None
+            ga = ga.with_(nb=p.nb)
+            ip.update(gemv_batch.plan_ip(p))
+        e = Encoded(a.op, ga.with_(nmat=2, epi=2, to=ftype(None, co[0].dtype)), ip, dict(a.fp), a.group)
+        gate, up = (aa, ba) if ca[0].ref == ao[0].ref else (ba, aa)
+        # quantized: x, the weights, their scales, their zeros (op_gemv_mma's P order)
+        return e, [aa[0]] + [v for i in range(1, len(aa)) for v in (gate[i], up[i])], [co[0]]
     return Fused(_fold_windows(f.steps, 3, fold), f.zero)
 
 
@@ -207,9 +214,11 @@ def fold_add(f: Fused) -> Fused:
         (g, ga, go), (a, aa, ao) = window
         y = go[0]
         plain = g.is_fn("op_gemv") and g.ip.get("M") == 1
-        direct = g.is_fn("op_gemv_direct") and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0
+        direct = ((g.is_fn("op_gemv_direct") or g.is_fn("op_gemv_mma"))
+                  and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0)
         if not ((plain or direct) and a.op == int(K.ADD)
-                and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD") and a.ip["ROWS"] == 1
+                and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD")
+                and a.ip["ROWS"] == g.ip.get("M")
                 and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
                 and all(a.ip[k] == a.ip["COLS"] for k in ("A_RS", "B_RS")) and a.ip["A_CS"] == a.ip["B_CS"] == 1
                 and ao[0].cols == y.cols == g.ip["N"] and y.ref[0] == REF_SCRATCH
@@ -247,6 +256,34 @@ def norm_into_gemv(f: Fused) -> Fused:
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
 
 
+def norm_into_mma(f: Fused) -> Fused:
+    """An RMSNorm of the M rows of x (bf16) into a scratch only the op_gemv_mma right after it
+    reads, as x: one op_gemv_mma (NORM) that stages x and normalises it in shared memory
+    (mma_norm_x: the norm's order, the same bits), when its plan holds all of K in one window
+    with as many rows of x a pass.
+    Args as norm_into_gemv's. Runs after fold_add (never meets the ADD epilogue)."""
+    def fold(window, later):
+        (n, na, no), (g, ga, go) = window
+        if not (n.op == int(K.RMSNORM) and not n.ip.get("TO_SMEM") and g.is_fn("op_gemv_mma")
+                and n.ip["ROWS"] == g.ip["M"] and n.ip["H"] == g.ip["K"]
+                and g.variant.arg("epi") != 1 and not g.variant.arg("norm") and ga[0].ref == no[0].ref
+                and no[0].ref[0] == REF_SCRATCH and no[0].dtype == DType.BF16
+                and na[0].dtype == DType.BF16 and na[1].dtype in FLOATS
+                and all(v.ref != no[0].ref for v in ga[1:]) and not _read_later(no[0].ref, later)):
+            return None
+        p = gemv_batch.replan(g.variant, g.ip, norm=True)
+        if p is None or p.nb < g.variant.arg("nb"):   # not at the cost of a pass over the weights
+            return None
+        var = g.variant.with_(norm=True, nw=ftype(None, na[1].dtype), nb=p.nb)
+        e = Encoded(g.op, var, dict(g.ip, **gemv_batch.plan_ip(p)), dict(g.fp, EPS=n.fp["EPS"]), g.group)
+        return e, [na[0]] + ga[1:] + [na[1]], go
+    return Fused(_fold_windows(f.steps, 2, fold), f.zero)
+
+
+def _mma(e: Encoded) -> Variant | None:
+    return e.variant if e.is_fn("op_gemv_mma") else None
+
+
 def _with_inv(v: Variant, inv) -> Variant:
     """The variant with its inverse-frequency type (TF) that of inv's buffer, if it gains one."""
     return v.with_(tf=ftype(None, inv[0].dtype)) if inv else v
@@ -270,6 +307,7 @@ FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
     ("pair_gemvs", pair_gemvs),
     ("fold_add", fold_add),
     ("norm_into_gemv", norm_into_gemv),
+    ("norm_into_mma", norm_into_mma),
 ]
 
 

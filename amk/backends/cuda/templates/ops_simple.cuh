@@ -214,18 +214,21 @@ __device__ __forceinline__ void argmax_store(const TaskDesc& d, void* const* P, 
   if (d.ip[P_ARGMAX_OUT64]) ((long long*)P[d.n_in])[r] = i; else ((int*)P[d.n_in])[r] = i;
 }
 
-// The argmax of one row from the (value, index bits) partials its GEMV tiles wrote (ROWS = 1,
-// V = the number of partials; argmax_fold.py).
+// The argmax of each row from the (value, index bits) partials its GEMV tiles wrote (V = the
+// partials a row, rows after rows; argmax_fold.py).
 __device__ __noinline__ void op_argmax_parts(AMK_PARAMS) {
-  const int n = d.ip[P_ARGMAX_V];
-  const float* pv = (const float*)P[0];
-  float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
-  for (int k = threadIdx.x; k < n; k += NT) {
-    const float v = pv[2 * k]; const int i = __float_as_int(pv[2 * k + 1]);
-    if (am_better(v, i, best, bi)) { best = v; bi = i; }
+  const int n = d.ip[P_ARGMAX_V], R = d.ip[P_ARGMAX_ROWS];
+#pragma unroll 1
+  for (int r = 0; r < R; r++) {
+    const float* pv = (const float*)P[0] + 2LL * r * n;
+    float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
+    for (int k = threadIdx.x; k < n; k += NT) {
+      const float v = pv[2 * k]; const int i = __float_as_int(pv[2 * k + 1]);
+      if (am_better(v, i, best, bi)) { best = v; bi = i; }
+    }
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) argmax_store(d, P, r, bi);
   }
-  block_argmax(best, bi);
-  if (threadIdx.x == 0) argmax_store(d, P, 0, bi);
 }
 
 template <class TX>

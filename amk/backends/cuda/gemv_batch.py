@@ -1,0 +1,93 @@
+"""The tensor-core GEMV (op_gemv_mma, templates/gemv_batch.cuh): which GEMVs take it, and how
+its shared memory is planned.
+
+It runs the batched float GEMVs (bf16 x and weights, M > 1 rows of x: each weight vector is
+read once for all rows of a pass, not once per 4 rows as op_gemv does) and every quantized
+GEMV of bf16 x (int8, packed int4, fp8 E4M3, batch 1 too): the weights are dequantised in
+registers after one direct load, as op_gemv_direct loads float weights.
+
+The work area [0, PRE_OFF) holds x as bf16 (MP rows of a window of KW elements of K, each row
+padded against bank conflicts), the sums (NMAT x rows x MP x CH chunks, fp32) and the norm's
+per-row scratch. The plan takes the fewest passes over the weights (MP = 8 NB rows of x a
+pass), then the fewest windows, then the most items (chunks of fewest segments).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amk.backends.cuda.smem import NTHREADS, PRE_OFF
+from amk.backends.cuda.steps import Variant
+
+NB_MAX = 4                       # n-tiles of 8 rows of x a pass (registers: 4 x 8 accumulators)
+KU = 2                           # k-blocks (16-byte loads per row per lane) an item has in flight
+#                                  (4: ptxas spilled in op_gemv_mma and the scheduler)
+VW = {0: 8, 1: 16, 2: 32, 3: 16}  # elements of a 16-byte weight vector, by QMODE
+NWARPS = NTHREADS // 32
+BUDGET = PRE_OFF                 # bytes of the work area below the o tile's preload
+
+
+@dataclass(frozen=True)
+class MmaPlan:
+    nb: int                      # n-tiles a pass (template NB)
+    kw: int                      # x window (ip KW)
+    spi: int                     # K segments an item (ip SPI)
+
+
+def segment(qmode: int) -> int:
+    """Elements of K one item's segment covers (KU k-blocks of 4 lanes x a 16-byte vector)."""
+    return KU * 4 * VW[qmode]
+
+
+def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
+    """The work area a plan uses (the template's layout)."""
+    mp = 8 * nb
+    xstride = kw * 2 + (64 if qmode == 0 else 16)
+    x = -(-mp * xstride // 16) * 16
+    ch = -(-kw // (spi * segment(qmode)))
+    rows16 = -(-n_tile // 16) * 16
+    return x + 4 * (nmat * rows16 * mp * ch + mp * NWARPS + mp)
+
+
+def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False) -> MmaPlan | None:
+    """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices (None: no plan fits;
+    NORM needs all of K in one window)."""
+    seg = segment(qmode)
+    nseg = -(-K // seg)
+    for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
+        kws = sorted({-(-nseg // w) * seg for w in range(1, nseg + 1)}, reverse=True)
+        for kw in kws:
+            if norm and kw < K:
+                break
+            for spi in range(1, kw // seg + 1):
+                if smem_bytes(qmode, nb, kw, spi, n_tile, nmat) <= BUDGET:
+                    return MmaPlan(nb, kw, spi)
+    return None
+
+
+def gscale(qmode: int, group: int, ngroups: int) -> bool:
+    """Whether a group scale can multiply an mma's sums (a k-block lies in one group), else
+    each weight is scaled before its mma (a 16-byte vector's group: scales_vectors)."""
+    return qmode != 0 and (ngroups == 1 or group % (4 * VW[qmode]) == 0)
+
+
+def scales_vectors(qmode: int, group: int, ngroups: int) -> bool:
+    """Whether op_gemv_mma runs these group scales: on the mma's sums, or one a 16-byte vector
+    (a group of a multiple of its elements); smaller groups stay on op_gemv."""
+    return qmode == 0 or gscale(qmode, group, ngroups) or group % VW[qmode] == 0
+
+
+def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, gscale, nb, tr="float", to=None,
+             norm=False, nw="float") -> Variant:
+    """op_gemv_mma with every template argument, in its order."""
+    return Variant.of("op_gemv_mma", ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi, bias=bias,
+                      zeros=zeros, gscale=gscale, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw)
+
+
+def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None) -> MmaPlan | None:
+    """The plan of an op_gemv_mma step once a fold changes its matrices or adds the norm."""
+    return plan(ip["M"], ip["K"], ip["N_TILE"], nmat or v.arg("nmat"), v.arg("qmode"),
+                v.arg("norm") if norm is None else norm)
+
+
+def plan_ip(p: MmaPlan) -> dict:
+    return dict(KW=p.kw, SPI=p.spi)

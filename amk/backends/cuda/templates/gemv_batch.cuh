@@ -1,0 +1,353 @@
+// Tensor-core GEMV for a batch of x rows and for quantized weights (gemv_batch.py plans it):
+// y[m, n_off + r] = x[m] . W[n_off + r] for the M rows of x (1..any), bf16 x, weights bf16 or
+// int8 / packed int4 / fp8 E4M3 with group scales (+ zeros), seed layout (quant.py).
+// Each weight vector is loaded once into registers (as op_gemv_direct does) and multiplied
+// against all rows of a pass by mma.sync m16n8k16 (bf16 x bf16 -> fp32): a warp's item is 16
+// weight rows (the A operand: lane (g, t) loads rows g and g + 8) x one K segment, the pass's
+// rows of x (staged in shared memory as bf16) are the B operand, NB n-tiles of 8 rows.
+// The order of k inside an mma is free (a dot product): lane t's 16-byte vector of a k-block of
+// 4 x VW elements supplies all its A elements, and x is staged in the order the unpack leaves
+// the weights (PERM), so each lane's x fragment is 16-byte vectors too.
+// Integer / fp8 weights become bf16 exactly (q - zero is an integer below 256; an E4M3 value
+// is a bf16 value); the group scale multiplies the mma's sums of one k-block (GSCALE: the
+// group is a multiple of the k-block), else a 16-byte vector's weights are scaled by their
+// group's scale in fp32 and rounded to bf16 first (within 1e-2 of the reference, not its bits).
+// Sums: part[((mat * rows16 + row) * MP + m) * CH + chunk] (CH chunks of SPI segments a window
+// of KW elements of K; windows add into the same slots in order): fixed order, bit-stable.
+
+template <int QMODE> struct MmaVec { static constexpr int VW = QMODE == 0 ? 8 : (QMODE == 2 ? 32 : 16); };
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
+  unsigned r; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c)); return r;
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 16-byte weight vector -> VW / 2 bf16x2 words, exact: (q - zero) for the integers, the
+// value for fp8 and bf16 (z: the row's zero of this k-block's group, 0 without zeros).
+// PERM orders (QMODE 2: per 8 elements 0 4 1 5 2 6 3 7; QMODE 3: per 4 elements 0 2 1 3).
+template <int QMODE>
+__device__ __forceinline__ void mma_unpack(uint4 v, float z, unsigned* o) {
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  if (QMODE == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[i] = w[i];
+  } else if (QMODE == 1) {        // 2^23 + (b ^ 0x80) - (2^23 + 128 + zero) = b - zero, exact
+    const float off = 8388736.0f + z;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const unsigned u = w[i] ^ 0x80808080u;
+      const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - off;
+      const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - off;
+      const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - off;
+      const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - off;
+      o[2 * i] = pack_bf16x2(f0, f1);
+      o[2 * i + 1] = pack_bf16x2(f2, f3);
+    }
+  } else if (QMODE == 2) {        // bf16 128 + n, times 1 plus -(136 + zero): n - 8 - zero
+    const unsigned c = __float_as_uint(-(136.0f + z));
+    const unsigned negc = (c >> 16) | (c & 0xffff0000u);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        o[4 * i + j] = fma_bf16x2(((w[i] >> (4 * j)) & 0x000F000Fu) | 0x43004300u, 0x3F803F80u, negc);
+  } else {                        // E4M3 s eeee mmm -> bf16 s 0000eeee mmm0000, times 2^120
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const unsigned t = (w[i] >> (8 * j)) & 0x00FF00FFu;
+        o[2 * i + j] = fma_bf16x2(((t & 0x007F007Fu) << 4) | ((t & 0x00800080u) << 8), 0x7B807B80u, 0x80008000u);
+      }
+  }
+}
+
+// x staging: rows [m0, m0 + mc) of x, k in [k0, k0 + kw), as bf16 at xs + m * XSTRIDE bytes in
+// the PERM order; zeros past K and for the pass's rows past mc (the mma reads whole n-tiles).
+template <bool PERM3, bool PERM2>
+__device__ __forceinline__ uint4 mma_perm(uint4 o) {
+  if (PERM2)                                // 0 1 2 3 4 5 6 7 -> 0 4 1 5 2 6 3 7
+    return make_uint4(__byte_perm(o.x, o.z, 0x5410), __byte_perm(o.x, o.z, 0x7632),
+                      __byte_perm(o.y, o.w, 0x5410), __byte_perm(o.y, o.w, 0x7632));
+  if (PERM3)                                // per 4: 0 1 2 3 -> 0 2 1 3
+    return make_uint4(__byte_perm(o.x, o.y, 0x5410), __byte_perm(o.x, o.y, 0x7632),
+                      __byte_perm(o.z, o.w, 0x5410), __byte_perm(o.z, o.w, 0x7632));
+  return o;
+}
+
+template <bool PERM3, bool PERM2>
+__device__ __forceinline__ void mma_stage_x(char* xs, int xstride, const bf16* x, int Kd, int m0, int mc, int mp,
+                                            int k0, int kw) {
+  const int nvec = kw / 8, total = mp * nvec;
+  for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int i = i0 + u * NT, m = i / nvec, k = k0 + (i - m * nvec) * 8;
+      v[u] = (i < total && m < mc && k < Kd) ? ld16(x + (long long)(m0 + m) * Kd + k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int i = i0 + u * NT, m = i / nvec, j = i - m * nvec;
+      if (i < total) *(uint4*)(xs + m * xstride + j * 16) = mma_perm<PERM3, PERM2>(v[u]);
+    }
+  }
+}
+
+// NORM (one window: K <= KW): the staged raw rows normalised in place as rms_row computes them
+// (thread partials over i = tid + k NT, warp butterflies, warps in order; round_bf16((x * rs) *
+// w)): the norm step's bits; then PERM. red: MP * NWARPS floats, rinv: MP.
+template <bool PERM3, bool PERM2, class NW>
+__device__ __forceinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc, float eps, const NW* nw,
+                                           float* red, float* rinv) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll 1
+  for (int m = 0; m < mc; m++) {
+    const bf16* xr = (const bf16*)(xs + m * xstride);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < Kd; i += NT) { const float v = to_f(xr[i]); ss += v * v; }
+    ss = warp_sum(ss);
+    if (lane == 0) red[m * NWARPS + warp] = ss;
+  }
+  __syncthreads();
+  if (threadIdx.x < mc) {
+    float r = 0.f;
+#pragma unroll
+    for (int i = 0; i < NWARPS; i++) r += red[threadIdx.x * NWARPS + i];
+    rinv[threadIdx.x] = rsqrtf(r / (float)Kd + eps);
+  }
+  __syncthreads();
+  const int nvec = Kd / 8;
+  for (int i = threadIdx.x; i < mc * nvec; i += NT) {
+    const int m = i / nvec, j = i - m * nvec;
+    uint4* p = (uint4*)(xs + m * xstride + j * 16);
+    float f[8];
+    unpack(*p, f, (bf16*)0);
+    const float rs = rinv[m];
+    unsigned o[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const bf16 a = from_f<bf16>((f[2 * e] * rs) * to_f(nw[8 * j + 2 * e]));
+      const bf16 b = from_f<bf16>((f[2 * e + 1] * rs) * to_f(nw[8 * j + 2 * e + 1]));
+      o[e] = (unsigned)a.x | ((unsigned)b.x << 16);
+    }
+    *p = mma_perm<PERM3, PERM2>(make_uint4(o[0], o[1], o[2], o[3]));
+  }
+}
+
+// The sums of the pass's rows (part, every chunk added in order) through the epilogue EPI. Out of
+// line: inlined, the scheduler spilled (ptxas, NVRTC 13).
+template <class TY, class TS, int EPI, bool BIAS, int NMAT, class TR, class TO>
+__device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, const float* part, int rows16, int MP,
+                                             int CH, int m0, int mc, int N, int n_off, int n_tile) {
+  const TS* bias = (const TS*)P[d.ip[P_GEMV_BIAS_AT]];
+  const TR* res = (const TR*)P[d.n_in - 1];
+  if (EPI == 3) {                 // per row of x: the tile's best (am_better) to its slot
+    for (int m = 0; m < mc; m++) {
+      float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
+      for (int r = threadIdx.x; r < n_tile; r += NT) {
+        const float* sl = part + ((long long)r * MP + m) * CH;
+        float s = 0.f;
+#pragma unroll 1
+        for (int c = 0; c < CH; c++) s += sl[c];
+        const int col = n_off + r;
+        if (BIAS) s += to_f(bias[col]);
+        const TY o = from_f<TY>(s);
+        ((TY*)P[d.n_in])[(long long)(m0 + m) * N + col] = o;
+        if (am_better(to_f(o), col, best, bi)) { best = to_f(o); bi = col; }
+      }
+      block_argmax(best, bi);
+      if (threadIdx.x == 0) {
+        float* pa = (float*)P[d.n_in + 1] + 2 * ((long long)(m0 + m) * d.ip[P_GEMV_ARG_SLOTS] + d.ip[P_GEMV_ARG_SLOT]);
+        pa[0] = best; pa[1] = __int_as_float(bi);
+      }
+    }
+    return;
+  }
+  const int per = EPI == 2 ? n_tile : NMAT * n_tile;
+  for (int i = threadIdx.x; i < per * mc; i += NT) {
+    const int m = i / per, r = i - m * per, mat = r / n_tile, row = r - mat * n_tile, col = n_off + row;
+    const float* sl = part + ((long long)(mat * rows16 + row) * MP + m) * CH;
+    float s = 0.f;
+#pragma unroll 1
+    for (int c = 0; c < CH; c++) s += sl[c];
+    const long long o = (long long)(m0 + m) * N + col;
+    if (EPI == 2) {
+      const float* su = part + ((long long)(rows16 + row) * MP + m) * CH;
+      float u = 0.f;
+#pragma unroll 1
+      for (int c = 0; c < CH; c++) u += su[c];
+      ((TO*)P[d.n_in])[o] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
+    } else {
+      if (BIAS) s += to_f(bias[col]);
+      if (EPI == 1) ((TO*)P[d.n_in])[o] = from_f<TO>(to_f(from_f<TY>(s)) + to_f(res[o]));
+      else ((TY*)P[d.n_in + mat])[o] = from_f<TY>(s);
+    }
+  }
+}
+
+// The item's weights (rows rlo + g, rlo + g + 8 of the tile, vectors vb + 4u + t) and, GSCALE,
+// their rows' scales and zeros of each k-block: every load issued before any use.
+template <int QMODE, int KU, bool GSCALE, bool ZEROS, class TS, class TZ>
+__device__ __forceinline__ void mma_load(uint4 (&wv)[2][KU], float (&sc)[2][KU], float (&zz)[2][KU],
+                                         const char* W, long long rbytes, int n_off, int rlo, int n_tile, int nv,
+                                         int vb, const TS* sp, const TZ* zp, int ng, int group, int k0) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  constexpr int KB = 4 * MmaVec<QMODE>::VW;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = rlo + g + 8 * h;
+#pragma unroll
+    for (int u = 0; u < KU; u++) {
+      const int v = vb + 4 * u + t;
+      wv[h][u] = (r < n_tile && v < nv) ? ldg_stream(W + (long long)r * rbytes + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+      sc[h][u] = 1.f; zz[h][u] = 0.f;
+      if (GSCALE && QMODE != 0 && r < n_tile) {
+        int gi = (k0 + u * KB) / group; if (gi > ng - 1) gi = ng - 1;
+        const long long si = (long long)(n_off + r) * ng + gi;
+        sc[h][u] = to_f(sp[si]);
+        if (ZEROS) zz[h][u] = to_f(zp[si]);
+      }
+    }
+  }
+}
+
+// Prescaled weights (a group smaller than a k-block, a multiple of a vector: gemv_batch.py):
+// w = (q - zero) * scale of the vector's group in fp32, rounded to bf16, natural order.
+template <int QMODE, bool ZEROS, class TS, class TZ>
+__device__ __forceinline__ void mma_unpack_scaled(uint4 v, const TS* sp, const TZ* zp, long long srow, int ng,
+                                                  int group, int k, unsigned* o) {
+  constexpr int VW = MmaVec<QMODE>::VW;
+  float f[VW];
+  gemv_unpack<QMODE, unsigned char>(v, f);
+  int gi = k / group; if (gi > ng - 1) gi = ng - 1;
+  const float s = to_f(sp[srow + gi]), z = ZEROS ? to_f(zp[srow + gi]) : 0.f;
+#pragma unroll
+  for (int i = 0; i < VW / 2; i++) o[i] = pack_bf16x2((f[2 * i] - z) * s, (f[2 * i + 1] - z) * s);
+}
+
+// The batched / quantized GEMV (gemv_batch.gemv_mma). NB n-tiles of 8 rows of x a pass (MP = 8
+// NB rows; M > MP: passes, each reading the weights again); K in windows of KW (ip), a window's
+// K in CH chunks of SPI segments of SEG elements (KU k-blocks: 4 x 16-byte loads a lane in
+// flight), one item a (matrix, 16-row group, chunk). EPI as op_gemv_direct's, for every row m
+// of x: 0 store (+ bias), 1 ADD the residual's row m, 2 (NMAT 2) silu(gate) * up, 3 store and
+// the tile's argmax partial of row m at parts[(m ARG_SLOTS + ARG_SLOT) 2]. NORM: x is the
+// RMSNorm of P[0] with weight P[n_in - 1] (one window).
+// P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
+// then the outputs.
+template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, bool GSCALE, int NB,
+          class TR = float, class TO = TY, bool NORM = false, class NW = float>
+__device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
+  constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = 2, SEG = KU * KB, MP = 8 * NB;
+  constexpr bool PERM2 = QMODE == 2 && GSCALE, PERM3 = QMODE == 3 && GSCALE;
+  const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
+  const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
+  const int KW = d.ip[P_GEMV_KW], SPI = d.ip[P_GEMV_SPI];
+  const int group = d.ip[P_GEMV_GROUP], ng = d.ip[P_GEMV_NGROUPS];
+  const long long rbytes = QMODE == 0 ? (long long)d.ip[P_GEMV_LDW] * 2 : (long long)d.ip[P_GEMV_LDW];
+  const int nv = Kd / VW;                                  // 16-byte vectors a row
+  const int xstride = KW * 2 + (QMODE == 0 ? 64 : 16);     // lanes' 16-byte x loads: no bank conflicts
+  const int rows16 = (n_tile + 15) & ~15, groups = rows16 / 16;
+  const int CH = (KW + SPI * SEG - 1) / (SPI * SEG), items = NMAT * groups * CH;
+  const bf16* x = (const bf16*)P[0];
+  char* xs = smem;
+  float* part = (float*)(smem + ((MP * xstride + 15) & ~15));
+  float* red = part + NMAT * rows16 * MP * CH;             // NORM: MP * NWARPS, then rinv: MP
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  (void)lane;
+  AMK_MARK(0);
+  for (int m0 = 0; m0 < M; m0 += MP) {
+    const int mc = M - m0 < MP ? M - m0 : MP;
+    for (int k0 = 0; k0 < Kd; k0 += KW) {
+      __syncthreads();                                     // the last window's readers are done
+      if (NORM) {
+        mma_stage_x<false, false>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
+        __syncthreads();
+        mma_norm_x<PERM3, PERM2, NW>(xs, xstride, Kd, mc, d.fp[F_GEMV_EPS], (const NW*)P[d.n_in - 1], red,
+                                     red + MP * NWARPS);
+      } else {
+        mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
+      }
+      __syncthreads();
+      AMK_MARK(1);
+      for (int it = warp; it < items; it += NWARPS) {
+        const int mat = it / (groups * CH), rem = it - mat * groups * CH, grp = rem / CH, ch = rem - grp * CH;
+        const char* W = (const char*)P[1 + mat] + (long long)n_off * rbytes;
+        const TS* sp = (const TS*)P[1 + NMAT + mat];                 // quantized: the matrix's scales
+        const TZ* zp = (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1 + NMAT + mat];
+        float acc[NB][4];
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+        const int kc0 = k0 + ch * SPI * SEG;               // the chunk's first k
+#pragma unroll 1
+        for (int s = 0; s < SPI; s++) {
+          const int ks = kc0 + s * SEG;
+          if (ks >= Kd || ks >= k0 + KW) break;
+          uint4 wv[2][KU];
+          float sc[2][KU], zz[2][KU];
+          mma_load<QMODE, KU, GSCALE, ZEROS, TS, TZ>(wv, sc, zz, W, rbytes, n_off, grp * 16, n_tile, nv, ks / VW,
+                                                     sp, zp, ng, group, ks);
+#pragma unroll
+          for (int u = 0; u < KU; u++) {
+            const int kb = ks + u * KB;                    // the k-block's first k
+            if (kb >= Kd) break;
+            unsigned a0[VW / 2], a1[VW / 2];
+            if (QMODE == 0 || GSCALE) {
+              mma_unpack<QMODE>(wv[0][u], zz[0][u], a0);
+              mma_unpack<QMODE>(wv[1][u], zz[1][u], a1);
+            } else {
+              const int r0 = grp * 16 + g, r1 = r0 + 8;
+              mma_unpack_scaled<QMODE, ZEROS, TS, TZ>(wv[0][u], sp, zp, (long long)(n_off + (r0 < n_tile ? r0 : 0)) * ng,
+                                                      ng, group, kb + t * VW, a0);
+              mma_unpack_scaled<QMODE, ZEROS, TS, TZ>(wv[1][u], sp, zp, (long long)(n_off + (r1 < n_tile ? r1 : 0)) * ng,
+                                                      ng, group, kb + t * VW, a1);
+            }
+            const char* xk = xs + (kb - k0 + t * VW) * 2 + g * xstride;
+            float ct[NB][4];
+#pragma unroll
+            for (int b = 0; b < NB; b++) ct[b][0] = ct[b][1] = ct[b][2] = ct[b][3] = 0.f;
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+#pragma unroll
+              for (int h = 0; h < VW / 8; h++) {           // 8 x values (two mma k-steps) a 16-byte load
+                const uint4 xv = *(const uint4*)(xk + b * 8 * xstride + h * 16);
+                float (&c)[4] = (QMODE != 0 && GSCALE) ? ct[b] : acc[b];
+                mma_bf16(c, a0[4 * h], a1[4 * h], a0[4 * h + 1], a1[4 * h + 1], xv.x, xv.y);
+                mma_bf16(c, a0[4 * h + 2], a1[4 * h + 2], a0[4 * h + 3], a1[4 * h + 3], xv.z, xv.w);
+              }
+            }
+            if (QMODE != 0 && GSCALE) {                    // the group scale of each row
+#pragma unroll
+              for (int b = 0; b < NB; b++) {
+                acc[b][0] += sc[0][u] * ct[b][0]; acc[b][1] += sc[0][u] * ct[b][1];
+                acc[b][2] += sc[1][u] * ct[b][2]; acc[b][3] += sc[1][u] * ct[b][3];
+              }
+            }
+          }
+        }
+        // c0, c1: row g, x rows 2t, 2t + 1 of the n-tile; c2, c3: row g + 8
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int row = grp * 16 + g + 8 * (e >> 1), m = b * 8 + 2 * t + (e & 1);
+            float* slot = part + ((long long)(mat * rows16 + row) * MP + m) * CH + ch;
+            if (k0 == 0) *slot = acc[b][e]; else *slot += acc[b][e];
+          }
+      }
+      AMK_MARK(2);
+    }
+    __syncthreads();
+    AMK_MARK(3);
+    mma_epilogue<TY, TS, EPI, BIAS, NMAT, TR, TO>(d, P, part, rows16, MP, CH, m0, mc, N, n_off, n_tile);
+  }
+  AMK_MARK(4);
+}
