@@ -86,14 +86,15 @@ def compile_once(model, args, nvrtc: bool) -> tuple[Clock, dict]:
     return clock, info
 
 
-def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None) -> dict:
+def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None,
+            batch: int = 1) -> dict:
     from amk.models.model import Model
     from amk.models.presets import PRESETS, random_params
     cfg = PRESETS[name]
     cfg = cfg if layers is None else replace(cfg, n_layers=layers)
     model = Model(cfg, random_params(cfg, device="meta"))
-    args = model.example_args(1)
-    out = {"model": name, "layers": cfg.n_layers}
+    args = model.example_args(batch)
+    out = {"model": name if batch == 1 else f"{name} b{batch}", "layers": cfg.n_layers, "batch": batch}
     with tempfile.TemporaryDirectory() as d, cache_dir(d):
         for label in ("cold", "warm"):
             prof = cProfile.Profile() if profile_dir else None
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["llama-3.2-1b", "qwen3-0.6b", "llama-3-8b"])
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a step (default %(default)s)")
     ap.add_argument("--no-nvrtc", action="store_true", help="skip NVRTC (the Python part only)")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="write a cProfile file per compile: DIR/MODEL-{cold,warm}.prof")
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown preset(s) {bad}; choose from {sorted(PRESETS)}")
     if a.layers is not None and a.layers < 1:
         ap.error(f"--layers must be at least 1, got {a.layers}")
-    rows = [measure(m, a.layers, not a.no_nvrtc, a.profile) for m in a.models]
+    rows = [measure(m, a.layers, not a.no_nvrtc, a.profile, a.batch) for m in a.models]
     print(table(rows))
     Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
