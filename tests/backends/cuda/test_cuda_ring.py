@@ -70,9 +70,15 @@ def test_a_page_is_read_by_one_warp_phase_after_phase():
 
 def test_the_v2_layout_fits_one_cta_and_keeps_the_combines_staging():
     assert smem.SMEM_BYTES_V2 + smem.STATIC_RESERVE <= smem.CTA_SMEM_MAX
-    assert smem.RING_OFF == smem.STAGE_OFF + smem.STAGE_BYTES_V2 and smem.RING_BYTES >= 8 * 8192
-    # what v1's combine had below the preload: the 1B's 8 partials of 32 heads x (64 + 2) fp32
-    assert smem.STAGE_BYTES_V2 >= 8 * 32 * 66 * 4
+    assert smem.RING_OFF == smem.STAGE_OFF + smem.STAGE_BYTES_V2
+    # one 8 KiB page (an item of 2 rows x a 4 KiB segment) for each of the 16 consumer warps
+    assert ring.pages(ring.slot_bytes([4096])) == 16 and smem.ATTN_SMEM <= smem.RING_OFF
+    # v2's combine into x stages from x's end (1024-aligned, ops_simple.cuh) up to the ring:
+    # the 1B's 8 partials of 32 heads x (64 + 2) fp32 after its 32 x 64 fp32 of x, and
+    # Qwen3-0.6B's 8 of 16 x (128 + 2) after its 16 x 128
+    for heads, hd in ((32, 64), (16, 128)):
+        x_end = (heads * hd * 4 + 1023) // 1024 * 1024
+        assert 8 * heads * (hd + 2) * 4 <= smem.RING_OFF - x_end
     assert smem.cta_threads("v2") == 640 and smem.cta_threads("v1") == 512
 
 
