@@ -158,13 +158,20 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
   // that every task end reloaded (52 B, NOTES kv2b). The running entry lives in shared memory
   // instead (thread 0 writes it before the task's barriers; every thread has read it before the
   // task end's barrier), and what derives from it is recomputed after each call.
+  // The FUSED step s, likewise, in a slot of each thread's own (no barrier needed).
   __shared__ int s_entry;
+  __shared__ unsigned short s_step[NT];
 #define AMK_ENTRY (*(volatile int*)&s_entry)
+#define AMK_STEP_SAVE(s) (((volatile unsigned short*)s_step)[threadIdx.x] = (unsigned short)(s))
+// (the thread's index re-read after the call: ptxas kept the slot's address in local memory)
+#define AMK_STEP_LOAD(s) ((s) = ((volatile unsigned short*)s_step)[tid_now()])
 #define AMK_T_NOW s_task[(AMK_ENTRY - qb) & 1]
 #define AMK_SLOT_NOW ((AMK_ENTRY - qb) & 1)
 #define AMK_ENTRY_IDX AMK_ENTRY
 #else
 #define AMK_ENTRY_IDX i
+#define AMK_STEP_SAVE(s) ((void)0)
+#define AMK_STEP_LOAD(s) ((void)0)
 #define AMK_T_NOW T
 #define AMK_SLOT_NOW slot
 #endif
@@ -211,10 +218,13 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
           if (threadIdx.x == 0 && s < AMK_PROF_W - 4) prof[AMK_PROF_W * AMK_ENTRY_IDX + 4 + s] = global_timer();
 #endif
           const TaskDesc& S = s_subs[AMK_SLOT_NOW][s];
+          AMK_STEP_SAVE(s);
           run_variant(S, &s_ptrs[AMK_SLOT_NOW][S.ptr_begin - AMK_T_NOW.ptr_begin], smem, st);
         } else {
+          AMK_STEP_SAVE(s);
           run_unstaged(tasks + AMK_T_NOW.sub_begin + s, ptrs, &s_sub, s_sub_ptrs, smem, st);
         }
+        AMK_STEP_LOAD(s);
       }
     } else {
       run_variant(T, s_ptrs[slot], smem, st);
