@@ -8,8 +8,9 @@ Kernel v1: one CTA an SM, 512 threads, 196 KiB:
     [PRE_OFF, SMEM_BYTES)    the o tile's preloaded rows (the top 64 KiB; preload.py)
 Kernel v2 (ring.py): the same 512 threads (its consumers) plus a producer warpgroup, and
     [0, STAGE_OFF)                     the work area, as v1
-    [STAGE_OFF, RING_OFF)              the staging area, STAGE_BYTES_V2 (the 68 KiB v1's combine
-                                       had below the preload: the 1B's 8 partials x 32 heads fit)
+    [STAGE_OFF, RING_OFF)              the staging area, STAGE_BYTES_V2 (23 KiB: the attention's
+                                       chunks use it with the work area; the combine stages its
+                                       partials from the end of its x, in the work area, up)
     [RING_OFF, SMEM_BYTES_V2)          the weight ring: RING_BYTES of pages no other task touches
                                        (the producer fills them while other kinds of task run)
 """
@@ -44,11 +45,15 @@ PRE_OFF = SMEM_BYTES - 65536     # preload.py's o-tile rows: the top 64 KiB
 # v1, padded to 1024; tests/backends/cuda/test_cuda_compile.py checks the sum).
 CTA_SMEM_MAX = 227 << 10
 STATIC_RESERVE = 12 << 10
-# The ring starts where v1's preload does: what v1 keeps below the preload (the combine's
-# staged partials, the attention's chunks) stays clear of the ring under v2 as it is.
-RING_OFF = PRE_OFF
+# The ring: 16 pages of the largest item (2 rows x ring.py's 4 KiB segment), one a consumer
+# warp, so 16 items are in flight as in v1's 16 warps' loads (10 pages, 80 KiB in flight, ran
+# gate/up and down at ~26.5 GB/s an SM, v1 ~31: v21 call 4). It takes the top of what the CTA
+# may have; the staging area below it is what is left: the attention sizes its chunk (cr) from
+# it, and v2's combine stages its partials from the end of its x up to the ring (ops_simple.cuh).
+RING_BYTES = 16 * 8192
+RING_OFF = CTA_SMEM_MAX - STATIC_RESERVE - RING_BYTES
 STAGE_BYTES_V2 = RING_OFF - STAGE_OFF
-RING_BYTES = (CTA_SMEM_MAX - STATIC_RESERVE - RING_OFF) // 8192 * 8192
+assert RING_OFF % 1024 == 0 and STAGE_BYTES_V2 > 0
 SMEM_BYTES_V2 = RING_OFF + RING_BYTES
 
 

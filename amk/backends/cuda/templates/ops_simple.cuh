@@ -352,7 +352,7 @@ __device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int 
 // (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
 // copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
 // consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
-// rows may be landing above it (preload.py).
+// rows may be landing above it (preload.py). Under v2 below the ring, from the end of x when TO_SMEM.
 // HDC, NPC: the head dim and the number of partials, template constants (encoders.py): the
 // per-output index math and the loops over partials compile to shifts and straight code. Only
 // the first np <= NPC (the live shards, comb_live) are copied and merged: the loops keep NPC
@@ -366,11 +366,18 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int n = B * hc * hd;
   const int rb = (hd + 2) * (int)sizeof(TP);                // bytes of one head's [acc | m | l]
   const int v0 = h0 * rb / 16, span = ((h0 + hc) * rb + 15) / 16 - v0;   // its heads' vectors
-  bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0
-                && (long long)np * span * 16 <= (AMK_PRE ? AMK_PRE_OFF - AMK_STAGE_OFF : AMK_STAGE_BYTES);
+#if AMK_KERNEL_V2
+  // v2: the staging area is small (the ring above it: smem.py); a combine into x stages from its
+  // x's end (1024-aligned), in the work area, up to the ring
+  const int st_off = to_smem ? (((h0 + hc) * hd * 4 + 1023) & ~1023) : AMK_STAGE_OFF;
+  const int st_room = AMK_RING_OFF - st_off;
+#else
+  const int st_off = AMK_STAGE_OFF, st_room = AMK_PRE ? AMK_PRE_OFF - AMK_STAGE_OFF : AMK_STAGE_BYTES;
+#endif
+  bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0 && (long long)np * span * 16 <= st_room;
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
-    char* st = smem + AMK_STAGE_OFF;
+    char* st = smem + st_off;
     const unsigned ph = amk_comb_uses;
     if (threadIdx.x < 32) {                       // one bulk copy a partial
       fence_proxy_async();                        // the area held the attention's cp.async rows

@@ -16,6 +16,8 @@
 // consumers stopped taking items: a bug), as FAULT_DEADLOCK naming the task. Under v1 nothing
 // here exists but the never-instantiated consumer load (op_gemv_direct's RING path).
 #if AMK_KERNEL_V2
+// threadIdx.x, read again where it is used (scheduler.cu: not kept across a call)
+__device__ __forceinline__ unsigned tid_now() { unsigned t; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t)); return t; }
 __shared__ __align__(8) unsigned long long amk_ring_full[AMK_RING_PAGES], amk_ring_empty[AMK_RING_PAGES];
 __shared__ unsigned amk_ring_q;      // items the consumers took before the running RING step
 

@@ -152,9 +152,35 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
   unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm,
   // then the start of each of the first AMK_PROF_W - 4 FUSED steps (after the barrier before it)
 #endif
+#if AMK_KERNEL_V2
+  // v2's kernel body is allocated with the launch's 96 registers (the consumers' 112 reach only
+  // the callees), and what the loop kept live across a task's call spilled to a local stack
+  // that every task end reloaded (52 B, NOTES kv2b). The running entry lives in shared memory
+  // instead (thread 0 writes it before the task's barriers; every thread has read it before the
+  // task end's barrier), and what derives from it is recomputed after each call.
+  // The FUSED step s, likewise, in a slot of each thread's own (no barrier needed).
+  __shared__ int s_entry;
+  __shared__ unsigned short s_step[NT];
+#define AMK_ENTRY (*(volatile int*)&s_entry)
+#define AMK_STEP_SAVE(s) (((volatile unsigned short*)s_step)[threadIdx.x] = (unsigned short)(s))
+// (the thread's index re-read after the call: ptxas kept the slot's address in local memory)
+#define AMK_STEP_LOAD(s) ((s) = ((volatile unsigned short*)s_step)[tid_now()])
+#define AMK_T_NOW s_task[(AMK_ENTRY - qb) & 1]
+#define AMK_SLOT_NOW ((AMK_ENTRY - qb) & 1)
+#define AMK_ENTRY_IDX AMK_ENTRY
+#else
+#define AMK_ENTRY_IDX i
+#define AMK_STEP_SAVE(s) ((void)0)
+#define AMK_STEP_LOAD(s) ((void)0)
+#define AMK_T_NOW T
+#define AMK_SLOT_NOW slot
+#endif
   for (int i = qb; i < qe; i++) {
     const int slot = (i - qb) & 1;
     const TaskDesc& T = s_task[slot];
+#if AMK_KERNEL_V2
+    if (threadIdx.x == 0) AMK_ENTRY = i;
+#endif
     const int next = i + 1 >= qe ? -1 : i + 1 - qb < QUEUE_CAP ? s_queue[i + 1 - qb] : qt[i + 1];
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[AMK_PROF_W * i] = global_timer();
@@ -185,21 +211,31 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
         for (unsigned long long k = threadIdx.x; k < n16; k += NT) ((uint4*)za)[k] = make_uint4(0u, 0u, 0u, 0u);
         for (unsigned long long k = n16 * 16 + threadIdx.x; k < zn; k += NT) ((char*)za)[k] = 0;
       }
-      for (int s = 0; s < T.n_sub; s++) {
-        if (fits) {
-          if (s > 0 || T.n_zero > 0) __syncthreads();
+      for (int s = 0; s < AMK_T_NOW.n_sub; s++) {
+        if (AMK_KERNEL_V2 ? AMK_T_NOW.n_ptr_all <= SLOT_PTRS && AMK_T_NOW.n_sub <= SLOT_SUBS : fits) {
+          if (s > 0 || AMK_T_NOW.n_zero > 0) __syncthreads();
 #ifdef AMK_PROFILE
-          if (threadIdx.x == 0 && s < AMK_PROF_W - 4) prof[AMK_PROF_W * i + 4 + s] = global_timer();
+          if (threadIdx.x == 0 && s < AMK_PROF_W - 4) prof[AMK_PROF_W * AMK_ENTRY_IDX + 4 + s] = global_timer();
 #endif
-          const TaskDesc& S = s_subs[slot][s];
-          run_variant(S, &s_ptrs[slot][S.ptr_begin - T.ptr_begin], smem, st);
+          const TaskDesc& S = s_subs[AMK_SLOT_NOW][s];
+          AMK_STEP_SAVE(s);
+          run_variant(S, &s_ptrs[AMK_SLOT_NOW][S.ptr_begin - AMK_T_NOW.ptr_begin], smem, st);
         } else {
-          run_unstaged(tasks + T.sub_begin + s, ptrs, &s_sub, s_sub_ptrs, smem, st);
+          AMK_STEP_SAVE(s);
+          run_unstaged(tasks + AMK_T_NOW.sub_begin + s, ptrs, &s_sub, s_sub_ptrs, smem, st);
         }
+        AMK_STEP_LOAD(s);
       }
     } else {
       run_variant(T, s_ptrs[slot], smem, st);
     }
+#if AMK_KERNEL_V2
+    {
+      i = AMK_ENTRY;
+      const int slot = (i - qb) & 1;
+      const int next = i + 1 >= qe ? -1 : i + 1 - qb < QUEUE_CAP ? s_queue[i + 1 - qb] : qt[i + 1];
+      const TaskDesc& T = s_task[slot];
+#endif
     const int out_counter = T.out_counter;   // the slot is refilled once everyone passes below
     cp_async_wait<0>();            // the task's own copies
     __syncthreads();
@@ -211,6 +247,9 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
     if (threadIdx.x == 0) {
       unsigned smid; asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
       prof[AMK_PROF_W * i + 2] = global_timer(); prof[AMK_PROF_W * i + 3] = smid;
+    }
+#endif
+#if AMK_KERNEL_V2
     }
 #endif
   }
