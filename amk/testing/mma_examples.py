@@ -72,7 +72,7 @@ def cases() -> list[Case]:
                                 (16, 8192, 16, False), (64, 520, 7, True)):
         C.append(_float_case(M, 64, Kd, 3, n_tile, bias))
     # quantized: group scales on the mma's sums (group a multiple of the k-block: 64 int8 / fp8,
-    # 128 int4; one group a row), prescaled weights (group 32: one a 16-byte vector), zeros, a bias
+    # 128 int4; one group a row), zeros, a bias; group 32 (smaller than a k-block: op_gemv)
     for fmt, M, Kd, group, zeros, bias in (
             ("int8", 1, 640, 128, False, False), ("int8", 5, 384, 64, True, True),
             ("int8", 16, 208, 32, True, False), ("int8", 64, 1024, 1024, False, False),

@@ -290,18 +290,18 @@ def test_prompt_block_gemm_on_cuda(dt):
 
 @needs_cuda
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("M,N,K", [(512, 8192, 1024), (512, 2048, 2048), (300, 512, 520),
-                                   (16, 4096, 2048), (100, 200, 96)])
-def test_prompt_gemm_tile_shapes_on_cuda(M, N, K, dt):
+@pytest.mark.parametrize("M,N,Kd", [(512, 8192, 1024), (512, 2048, 2048), (300, 512, 520),
+                                    (16, 4096, 2048), (100, 200, 96)])
+def test_prompt_gemm_tile_shapes_on_cuda(M, N, Kd, dt):
     """Each tile choice of kernels_gemm.gemm_config (128x128, 128x64, 64x64 with a K tail,
     16-row blocks, 64/32 rows), with a bias, against float64."""
     from amk.backends.triton.launch import launch_op
     g = torch.Generator().manual_seed(M + N)
-    xd, wd, bd = (t.to("cuda", dt) for t in (torch.randn(M, K, generator=g),
-                                             torch.randn(N, K, generator=g) / K ** 0.5,
+    xd, wd, bd = (t.to("cuda", dt) for t in (torch.randn(M, Kd, generator=g),
+                                             torch.randn(N, Kd, generator=g) / Kd ** 0.5,
                                              torch.randn(N, generator=g)))
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
-    launch_op(K.GEMM_TILE, [xd, wd, bd], [out], {"n_off": 0, "N_tile": N, "K": K})
+    launch_op(K.GEMM_TILE, [xd, wd, bd], [out], {"n_off": 0, "N_tile": N, "K": Kd})
     want = (xd.double() @ wd.double().T + bd.double()).float()
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 

@@ -65,15 +65,16 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False)
 
 
 def gscale(qmode: int, group: int, ngroups: int) -> bool:
-    """Whether a group scale can multiply an mma's sums (a k-block lies in one group), else
-    each weight is scaled before its mma (a 16-byte vector's group: scales_vectors)."""
+    """Whether a group scale can multiply an mma's sums (a k-block lies in one group)."""
     return qmode != 0 and (ngroups == 1 or group % (4 * VW[qmode]) == 0)
 
 
 def scales_vectors(qmode: int, group: int, ngroups: int) -> bool:
-    """Whether op_gemv_mma runs these group scales: on the mma's sums, or one a 16-byte vector
-    (a group of a multiple of its elements); smaller groups stay on op_gemv."""
-    return qmode == 0 or gscale(qmode, group, ngroups) or group % VW[qmode] == 0
+    """Whether op_gemv_mma runs these group scales (on the mma's sums); smaller groups stay on
+    op_gemv. (Weights prescaled one 16-byte vector at a time, for groups smaller than a k-block,
+    were wrong on the H200 with zeros: int8 group 32, 2 of 32 outputs 15% off, NOTES v21 call 6;
+    that path is gone.)"""
+    return qmode == 0 or gscale(qmode, group, ngroups)
 
 
 def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, gscale, nb, tr="float", to=None,

@@ -33,12 +33,15 @@ def _steps(low, d):
 
 
 def test_every_mma_case_takes_op_gemv_mma():
-    """Batched bf16 GEMVs and quantized GEMVs of bf16 x (batch 1 too), odd K and tiles."""
+    """Batched bf16 GEMVs and quantized GEMVs of bf16 x (batch 1 too), odd K and tiles; a
+    group smaller than the mma's k-block (32) stays on op_gemv."""
     for case in mma_examples.cases():
         (v,) = lower_program(case.program).variants
+        if "_g32" in case.name:
+            assert v.fn == "op_gemv", (case.name, call_text(v))
+            continue
         assert v.fn == "op_gemv_mma", (case.name, call_text(v))
-        prescaled = "_g32" in case.name
-        assert v.arg("gscale") == ("bf16" not in case.name and not prescaled), case.name
+        assert v.arg("gscale") == ("bf16" not in case.name), case.name
 
 
 def test_plans_fit_the_work_area_and_take_the_fewest_passes():
@@ -114,12 +117,16 @@ def test_the_quantized_scheduler_does_not_spill():
     _assert_no_spills(_one_layer_1b(16, "fp8")[0])
 
 
-@pytest.mark.parametrize("batch,fmt", [(5, None), (5, "int8"), (2, "int4"), (1, "fp8")])
-def test_a_small_shape_compiles_without_spills(batch, fmt):
-    """A tiny bf16 Llama (hidden 64): K below one segment; group 32 prescales int8 / int4."""
+@pytest.mark.parametrize("batch,fmt,group", [
+    (5, None, 0), (5, "int8", 64), (1, "fp8", 64),
+    pytest.param(2, "int4", 128, marks=pytest.mark.xfail(
+        strict=True, reason="ptxas: the scheduler of this quantized step spills 4 B (as below)"))])
+def test_a_small_shape_compiles_without_spills(batch, fmt, group):
+    """A tiny bf16 Llama (hidden 64): K below one segment; groups of a k-block (the scale on
+    the mma's sums)."""
     m = random_model(replace(TINY_LLAMA, dtype=torch.bfloat16))
     if fmt:
-        m.quantize(fmt, group=32)
+        m.quantize(fmt, group=group)
     _assert_no_spills(m.lower(backend="cuda", batch=batch).program)
 
 

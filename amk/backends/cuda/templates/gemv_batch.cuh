@@ -10,8 +10,7 @@
 // the weights (PERM), so each lane's x fragment is 16-byte vectors too.
 // Integer / fp8 weights become bf16 exactly (q - zero is an integer below 256; an E4M3 value
 // is a bf16 value); the group scale multiplies the mma's sums of one k-block (GSCALE: the
-// group is a multiple of the k-block), else a 16-byte vector's weights are scaled by their
-// group's scale in fp32 and rounded to bf16 first (within 1e-2 of the reference, not its bits).
+// group is a multiple of the k-block; smaller groups stay on op_gemv, gemv_batch.py).
 // Sums: part[((mat * rows16 + row) * MP + m) * CH + chunk] (CH chunks of SPI segments a window
 // of KW elements of K; windows add into the same slots in order): fixed order, bit-stable.
 
@@ -220,20 +219,6 @@ __device__ __forceinline__ void mma_load(uint4 (&wv)[2][KU], float (&sc)[2][KU],
   }
 }
 
-// Prescaled weights (a group smaller than a k-block, a multiple of a vector: gemv_batch.py):
-// w = (q - zero) * scale of the vector's group in fp32, rounded to bf16, natural order.
-template <int QMODE, bool ZEROS, class TS, class TZ>
-__device__ __forceinline__ void mma_unpack_scaled(uint4 v, const TS* sp, const TZ* zp, long long srow, int ng,
-                                                  int group, int k, unsigned* o) {
-  constexpr int VW = MmaVec<QMODE>::VW;
-  float f[VW];
-  gemv_unpack<QMODE, unsigned char>(v, f);
-  int gi = k / group; if (gi > ng - 1) gi = ng - 1;
-  const float s = to_f(sp[srow + gi]), z = ZEROS ? to_f(zp[srow + gi]) : 0.f;
-#pragma unroll
-  for (int i = 0; i < VW / 2; i++) o[i] = pack_bf16x2((f[2 * i] - z) * s, (f[2 * i + 1] - z) * s);
-}
-
 // The batched / quantized GEMV (gemv_batch.gemv_mma). NB n-tiles of 8 rows of x a pass (MP = 8
 // NB rows; M > MP: passes, each reading the weights again); K in windows of KW (ip), a window's
 // K in CH chunks of SPI segments of SEG elements (KU k-blocks: 4 x 16-byte loads a lane in
@@ -247,6 +232,7 @@ template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS,
           class TR = float, class TO = TY, bool NORM = false, class NW = float>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = 2, SEG = KU * KB, MP = 8 * NB;
+  static_assert(QMODE == 0 || GSCALE, "quantized weights take the group scale on the mma's sums");
   constexpr bool PERM2 = QMODE == 2 && GSCALE, PERM3 = QMODE == 3 && GSCALE;
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
@@ -300,16 +286,8 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
             const int kb = ks + u * KB;                    // the k-block's first k
             if (kb >= Kd) break;
             unsigned a0[VW / 2], a1[VW / 2];
-            if (QMODE == 0 || GSCALE) {
-              mma_unpack<QMODE>(wv[0][u], zz[0][u], a0);
-              mma_unpack<QMODE>(wv[1][u], zz[1][u], a1);
-            } else {
-              const int r0 = grp * 16 + g, r1 = r0 + 8;
-              mma_unpack_scaled<QMODE, ZEROS, TS, TZ>(wv[0][u], sp, zp, (long long)(n_off + (r0 < n_tile ? r0 : 0)) * ng,
-                                                      ng, group, kb + t * VW, a0);
-              mma_unpack_scaled<QMODE, ZEROS, TS, TZ>(wv[1][u], sp, zp, (long long)(n_off + (r1 < n_tile ? r1 : 0)) * ng,
-                                                      ng, group, kb + t * VW, a1);
-            }
+            mma_unpack<QMODE>(wv[0][u], zz[0][u], a0);
+            mma_unpack<QMODE>(wv[1][u], zz[1][u], a1);
             const char* xk = xs + (kb - k0 + t * VW) * 2 + g * xstride;
             float ct[NB][4];
 #pragma unroll
