@@ -108,28 +108,24 @@ class Server:
                 protocol.send(conn, {"pid": os.getpid()})
             out, err = (_Pipe(conn, send_lock, s, request["tty"]) for s in ("out", "err"))
             rc = 1
-            with _redirected(out, err, request["cwd"], request["columns"]) as console:
+            with _redirected(out, err, request["cwd"], request["columns"]):
                 try:
                     args = cli._parser().parse_args(request["argv"])
                     if args.cmd != "generate" or args.no_serve:    # an abbreviated --no-serve
                         with send_lock:
                             protocol.send(conn, {"fallback": ""})
                         return
-                    cli.err = console
-                    rc = cli.run(args, lambda a: cli.cmd_generate(a, self._models()))
+                    rc = cli.run(args, lambda a: cli.cmd_generate(a, self.models))
                 except SystemExit as e:                # argparse: usage errors (2), --help (0)
                     rc = e.code if isinstance(e.code, int) else 1
                 except BrokenPipeError:
                     return
                 except Exception:                      # as in-process: the traceback, exit 1
                     traceback.print_exc(file=err)
+                while len(self.models) > MAX_MODELS:
+                    self.models.pop(next(iter(self.models)))      # the first loaded goes
             with send_lock:
                 protocol.send(conn, {"exit": rc})
-
-    def _models(self) -> dict:
-        while len(self.models) >= MAX_MODELS:
-            self.models.pop(next(iter(self.models)))
-        return self.models
 
     # ---- the accept loop ----------------------------------------------------------------------
     def run(self, listener: socket.socket) -> None:
@@ -157,7 +153,8 @@ def _redirected(out, err, cwd: str, columns: int):
     os.environ["COLUMNS"] = str(columns)    # argparse and rich wrap to the client's terminal
     try:
         os.chdir(cwd)                       # relative --model paths are the client's
-        yield Console(file=err, force_terminal=err.isatty(), width=columns)
+        cli.err = Console(file=err, force_terminal=err.isatty(), width=columns)
+        yield
     finally:
         sys.stdout, sys.stderr, _, cols, cli.err = saved
         os.chdir(saved[2])

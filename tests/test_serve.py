@@ -92,13 +92,24 @@ def test_a_dead_socket_file_is_ignored_and_removed(tmp_path, monkeypatch):
     assert not path.exists()
 
 
-@pytest.fixture(scope="module")
+_live: list = []                      # this worker's server, kept between tests
+
+
+@pytest.fixture
 def server():
-    proc = start_server("--idle-timeout", "600")
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    """The running server, started again when a test before stopped or killed it."""
+    if not _live or _live[0].poll() is not None:
+        _live[:] = [start_server("--idle-timeout", "600")]
+    return _live[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_server():
+    yield
+    for proc in _live:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @smollm2
@@ -131,13 +142,12 @@ def test_a_bad_argument_fails_the_same_through_the_server(server, bad, rc):
 
 @smollm2
 def test_a_server_killed_mid_request_is_a_clear_error(server):
-    proc = server
     client = subprocess.Popen([sys.executable, "-m", "amk_client", *GEN, "--max-new-tokens",
                                "60", "--ignore-eos"], env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     assert client.stdout.read(len("Hello")) == "Hello"     # the request is running
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    server.send_signal(signal.SIGKILL)
+    server.wait()
     _, err = client.communicate(timeout=60)
     assert client.returncode == 1
     assert "closed the connection mid-request" in err
@@ -146,8 +156,7 @@ def test_a_server_killed_mid_request_is_a_clear_error(server):
     assert not protocol.socket_path().exists()
 
 
-def test_stop_and_idle_timeout_end_the_server():
-    server = start_server()
+def test_stop_and_idle_timeout_end_the_server(server):
     r = amk("serve", "--stop")
     assert r.returncode == 0 and f"pid {server.pid}" in r.stdout
     assert server.wait(timeout=30) == 0
