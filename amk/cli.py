@@ -80,11 +80,13 @@ def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
 
 
 def _model_key(args) -> tuple:
-    """What selects a loaded model in `amk serve`'s cache: a path by its absolute name and
-    modification time (a rewritten checkpoint is loaded again)."""
+    """What selects a loaded model in `amk serve`'s cache: a file or folder by its absolute
+    name and its files' latest modification time (a rewritten checkpoint is loaded again)."""
     name = args.model
     if os.path.exists(name):
-        name = f"{os.path.abspath(name)}@{os.stat(name).st_mtime_ns}"
+        files = [name] + ([e.path for e in os.scandir(name)] if os.path.isdir(name) else [])
+        latest = max(os.stat(f).st_mtime_ns for f in files if os.path.exists(f))
+        name = f"{os.path.abspath(name)}@{latest}"
     return name, args.backend, args.max_seq, args.device, args.dtype
 
 

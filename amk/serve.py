@@ -79,6 +79,8 @@ class Server:
             else:
                 with send_lock:
                     protocol.send(conn, self.control(request["op"]))
+                if request["op"] == "stop":
+                    self.stopping.set()      # after the answer: the accept loop then returns
         except (OSError, ValueError, KeyError, StopIteration, protocol.ServeError):
             pass                             # the client went away or sent garbage: its loss
         finally:
@@ -89,8 +91,7 @@ class Server:
                 self.last = time.monotonic()
 
     def control(self, op: str) -> dict:
-        if op == "stop":
-            self.stopping.set()
+        if op == "stop":                     # a request running now is cut off (its client says so)
             return {"text": f"amk serve (pid {os.getpid()}) stopped"}
         models = ", ".join(f"{k[0]} (backend {k[1] or 'default'}, max_seq {k[2]}, {k[4]})"
                            for k in self.models) or "none yet"
@@ -198,8 +199,9 @@ def serve(idle_s: float) -> int:
 
 def start_background(idle_s: float, wait_s: float = 120.0) -> int:
     """Start `amk serve` detached (its log next to the socket); return once it answers."""
-    if protocol.call("status") is not None:
-        print(protocol.call("status")["text"])
+    running = protocol.call("status")
+    if running is not None:
+        print(running["text"])
         return 0
     sock = protocol.socket_path()
     sock.parent.mkdir(parents=True, exist_ok=True)
