@@ -3,6 +3,10 @@
     amk generate --model smollm2-135m --prompt "The capital of France is" --max-new-tokens 16
     amk ir --model smollm2-135m --dump DIR [--stats]
     amk bench --model smollm2-135m
+    amk serve [--background | --stop | --status]     # keep torch and the models warm
+
+The `amk` console script is amk_client.main: it hands `amk generate` to a running `amk serve`
+and calls main() here for everything else (and for generate when no server runs).
 
 stdout carries only the result (the generated text, the stats); progress and timings go to
 stderr, so `amk generate ... > out.txt` captures just the text.
@@ -10,6 +14,7 @@ stderr, so `amk generate ... > out.txt` captures just the text.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -74,12 +79,29 @@ def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
     return tok(prompt).input_ids
 
 
-def cmd_generate(args) -> int:
+def _model_key(args) -> tuple:
+    """What selects a loaded model in `amk serve`'s cache: a file or folder by its absolute
+    name and its files' latest modification time (a rewritten checkpoint is loaded again)."""
+    name = args.model
+    if os.path.exists(name):
+        files = [name] + ([e.path for e in os.scandir(name)] if os.path.isdir(name) else [])
+        latest = max(os.stat(f).st_mtime_ns for f in files if os.path.exists(f))
+        name = f"{os.path.abspath(name)}@{latest}"
+    return name, args.backend, args.max_seq, args.device, args.dtype
+
+
+def cmd_generate(args, models: dict | None = None) -> int:
+    """models: loaded models kept between calls (amk serve's), by _model_key."""
     from amk.cli_stream import TextStream
     from amk.models.prefill import compile_prefill
-    with _status(f"loading {args.model}..."):
-        model = load_model(args.model, args.max_seq)
-    _place(model, args)
+    key = _model_key(args)
+    model = models.get(key) if models is not None else None
+    if model is None:
+        with _status(f"loading {args.model}..."):
+            model = load_model(args.model, args.max_seq)
+        _place(model, args)
+        if models is not None:
+            models[key] = model
     ids = _prompt_ids(model, args.prompt, args.chat)
     with _status(f"tracing and compiling the decode step and prefill chunks "
                  f"({args.backend or 'default backend'})..."):
@@ -151,6 +173,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from amk import serve
+    from amk_client.main import serve_control
+    if args.stop or args.status:
+        return serve_control("--stop" if args.stop else "--status")
+    if args.background:
+        return serve.start_background(args.idle_timeout)
+    return serve.serve(args.idle_timeout)
+
+
 def _int_at_least(lo: int):
     """argparse type: an int >= lo (a clear usage error instead of a silent default or a crash)."""
     def parse(text: str) -> int:
@@ -201,6 +233,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (repeats the text)")
+    g.add_argument("--no-serve", action="store_true",
+                   help="run in this process even when an `amk serve` server runs")
     g.set_defaults(fn=cmd_generate)
 
     i = sub.add_parser("ir", help="dump the graph and every pass's program text", formatter_class=fmt)
@@ -216,16 +250,32 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--iters", type=positive, default=20, help="timed steps")
     b.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first")
     b.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("serve", formatter_class=fmt,
+                       help="keep torch and the models warm for `amk generate` (a Unix socket in "
+                            "AMK_CACHE_DIR)")
+    what = s.add_mutually_exclusive_group()
+    what.add_argument("--background", action="store_true", help="start it detached and return")
+    what.add_argument("--stop", action="store_true", help="stop the running server")
+    what.add_argument("--status", action="store_true", help="say whether one runs, and what it holds")
+    s.add_argument("--idle-timeout", type=_int_at_least(1), default=1800, metavar="SECONDS",
+                   help="exit after this long without a request")
+    s.set_defaults(fn=cmd_serve)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from amk.cpu_threads import apply_default
-    from amk.errors import AmkError
     apply_default()          # the CPU reference's small ops: do not oversubscribe the cores
+    return run(args, args.fn)
+
+
+def run(args, fn) -> int:
+    """fn(args), with AMK's errors as one clear line and exit code 1 (amk serve runs this too)."""
+    from amk.errors import AmkError
     try:
-        return args.fn(args)
+        return fn(args)
     except AmkError as e:
         err.print(f"[red]amk {args.cmd}: {type(e).__name__}: {e}[/red]")
         return 1

@@ -41,8 +41,9 @@ def print_ir_after() -> str:
 
 # ---- caches -------------------------------------------------------------------------------------
 def cache_dir() -> Path:
-    """AMK_CACHE_DIR: where compiled programs, lowered tables and cubins live (default
-    ~/.cache/amk)."""
+    """AMK_CACHE_DIR: where compiled programs, lowered tables, cubins and the `amk serve` socket
+    live (default ~/.cache/amk). amk_client.protocol.cache_dir reads it too: the torch-free
+    client cannot import this module (tests/test_serve.py checks that the two agree)."""
     v = os.environ.get("AMK_CACHE_DIR", "")
     return Path(v) if v else Path.home() / ".cache" / "amk"
 

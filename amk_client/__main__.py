@@ -1,0 +1,5 @@
+import sys
+
+from amk_client.main import main
+
+sys.exit(main())
