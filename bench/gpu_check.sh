@@ -8,8 +8,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD AMK_CACHE_DIR=${AMK_CACHE_DIR:-/tmp/amk-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, cuda.bindings; print(torch.__version__, triton.__version__, cuda.bindings.__version__)" | tee -a "$OUT/gpu.txt"
-# two workers: the tests are mostly host work (compiles, the reference VM, transformers)
-timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider -n 2 --timeout 120 \
+# four workers: the tests are mostly host work (compiles, the reference VM, transformers); v21 call 6:
+# 307 tests in 174 s on four
+timeout ${TEST_TIMEOUT:-260} python3 -m pytest -q -p no:cacheprovider -n 4 --timeout 150 \
   --durations=10 ${TESTS:-tests/gpu} > "$OUT/gpu_tests.log" 2>&1
 echo "tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -25
 timeout ${GEN_TIMEOUT:-120} python3 bench/generate.py --backends cuda --json "$OUT/generate.json" \
