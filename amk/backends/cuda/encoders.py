@@ -184,8 +184,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
            if gemv_batch.scales_vectors(qmode, group, ngroups) else None)
     if mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
-                                  bias=has_bias, zeros=zeros is not None,
-                                  gscale=gemv_batch.gscale(qmode, group, ngroups), nb=mma.nb)
+                                  bias=has_bias, zeros=zeros is not None, nb=mma.nb)
     elif direct:
         var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
                           bias=has_bias, tr="float", to=ftype(t, out.dtype))

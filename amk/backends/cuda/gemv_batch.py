@@ -64,24 +64,19 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False)
     return None
 
 
-def gscale(qmode: int, group: int, ngroups: int) -> bool:
-    """Whether a group scale can multiply an mma's sums (a k-block lies in one group)."""
-    return qmode != 0 and (ngroups == 1 or group % (4 * VW[qmode]) == 0)
-
-
 def scales_vectors(qmode: int, group: int, ngroups: int) -> bool:
-    """Whether op_gemv_mma runs these group scales (on the mma's sums); smaller groups stay on
-    op_gemv. (Weights prescaled one 16-byte vector at a time, for groups smaller than a k-block,
-    were wrong on the H200 with zeros: int8 group 32, 2 of 32 outputs 15% off, NOTES v21 call 6;
-    that path is gone.)"""
-    return qmode == 0 or gscale(qmode, group, ngroups)
+    """Whether op_gemv_mma runs these group scales: on the mma's sums, so a k-block must lie in
+    one group; smaller groups stay on op_gemv. (Weights prescaled one 16-byte vector at a time,
+    for groups smaller than a k-block, were wrong on the H200 with zeros: int8 group 32, 2 of 32
+    outputs 15% off, NOTES v21 call 6; that path is gone.)"""
+    return qmode == 0 or ngroups == 1 or group % (4 * VW[qmode]) == 0
 
 
-def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, gscale, nb, tr="float", to=None,
+def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, nb, tr="float", to=None,
              norm=False, nw="float") -> Variant:
     """op_gemv_mma with every template argument, in its order."""
     return Variant.of("op_gemv_mma", ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi, bias=bias,
-                      zeros=zeros, gscale=gscale, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw)
+                      zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw)
 
 
 def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None) -> MmaPlan | None:

@@ -41,7 +41,7 @@ def test_every_mma_case_takes_op_gemv_mma():
             assert v.fn == "op_gemv", (case.name, call_text(v))
             continue
         assert v.fn == "op_gemv_mma", (case.name, call_text(v))
-        assert v.arg("gscale") == ("bf16" not in case.name), case.name
+        assert v.arg("qmode") == (0 if "bf16" in case.name else {"int8": 1, "int4": 2, "fp8": 3}[case.name.split("_")[1]])
 
 
 def test_plans_fit_the_work_area_and_take_the_fewest_passes():

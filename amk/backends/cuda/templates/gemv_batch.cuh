@@ -9,8 +9,8 @@
 // 4 x VW elements supplies all its A elements, and x is staged in the order the unpack leaves
 // the weights (PERM), so each lane's x fragment is 16-byte vectors too.
 // Integer / fp8 weights become bf16 exactly (q - zero is an integer below 256; an E4M3 value
-// is a bf16 value); the group scale multiplies the mma's sums of one k-block (GSCALE: the
-// group is a multiple of the k-block; smaller groups stay on op_gemv, gemv_batch.py).
+// is a bf16 value); the group scale multiplies the mma's sums of one k-block (the group is a
+// multiple of the k-block; smaller groups stay on op_gemv, gemv_batch.py).
 // Sums: part[((mat * rows16 + row) * MP + m) * CH + chunk] (CH chunks of SPI segments a window
 // of KW elements of K; windows add into the same slots in order): fixed order, bit-stable.
 
@@ -193,9 +193,9 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
   }
 }
 
-// The item's weights (rows rlo + g, rlo + g + 8 of the tile, vectors vb + 4u + t) and, GSCALE,
+// The item's weights (rows rlo + g, rlo + g + 8 of the tile, vectors vb + 4u + t) and, quantized,
 // their rows' scales and zeros of each k-block: every load issued before any use.
-template <int QMODE, int KU, bool GSCALE, bool ZEROS, class TS, class TZ>
+template <int QMODE, int KU, bool ZEROS, class TS, class TZ>
 __device__ __forceinline__ void mma_load(uint4 (&wv)[2][KU], float (&sc)[2][KU], float (&zz)[2][KU],
                                          const char* W, long long rbytes, int n_off, int rlo, int n_tile, int nv,
                                          int vb, const TS* sp, const TZ* zp, int ng, int group, int k0) {
@@ -209,7 +209,7 @@ __device__ __forceinline__ void mma_load(uint4 (&wv)[2][KU], float (&sc)[2][KU],
       const int v = vb + 4 * u + t;
       wv[h][u] = (r < n_tile && v < nv) ? ldg_stream(W + (long long)r * rbytes + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
       sc[h][u] = 1.f; zz[h][u] = 0.f;
-      if (GSCALE && QMODE != 0 && r < n_tile) {
+      if (QMODE != 0 && r < n_tile) {
         int gi = (k0 + u * KB) / group; if (gi > ng - 1) gi = ng - 1;
         const long long si = (long long)(n_off + r) * ng + gi;
         sc[h][u] = to_f(sp[si]);
@@ -228,12 +228,11 @@ __device__ __forceinline__ void mma_load(uint4 (&wv)[2][KU], float (&sc)[2][KU],
 // RMSNorm of P[0] with weight P[n_in - 1] (one window).
 // P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
 // then the outputs.
-template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, bool GSCALE, int NB,
+template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
           class TR = float, class TO = TY, bool NORM = false, class NW = float>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = 2, SEG = KU * KB, MP = 8 * NB;
-  static_assert(QMODE == 0 || GSCALE, "quantized weights take the group scale on the mma's sums");
-  constexpr bool PERM2 = QMODE == 2 && GSCALE, PERM3 = QMODE == 3 && GSCALE;
+  constexpr bool PERM2 = QMODE == 2, PERM3 = QMODE == 3;
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const int KW = d.ip[P_GEMV_KW], SPI = d.ip[P_GEMV_SPI];
@@ -279,7 +278,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
           if (ks >= Kd || ks >= k0 + KW) break;
           uint4 wv[2][KU];
           float sc[2][KU], zz[2][KU];
-          mma_load<QMODE, KU, GSCALE, ZEROS, TS, TZ>(wv, sc, zz, W, rbytes, n_off, grp * 16, n_tile, nv, ks / VW,
+          mma_load<QMODE, KU, ZEROS, TS, TZ>(wv, sc, zz, W, rbytes, n_off, grp * 16, n_tile, nv, ks / VW,
                                                      sp, zp, ng, group, ks);
 #pragma unroll
           for (int u = 0; u < KU; u++) {
@@ -297,12 +296,12 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
 #pragma unroll
               for (int h = 0; h < VW / 8; h++) {           // 8 x values (two mma k-steps) a 16-byte load
                 const uint4 xv = *(const uint4*)(xk + b * 8 * xstride + h * 16);
-                float (&c)[4] = (QMODE != 0 && GSCALE) ? ct[b] : acc[b];
+                float (&c)[4] = QMODE != 0 ? ct[b] : acc[b];
                 mma_bf16(c, a0[4 * h], a1[4 * h], a0[4 * h + 1], a1[4 * h + 1], xv.x, xv.y);
                 mma_bf16(c, a0[4 * h + 2], a1[4 * h + 2], a0[4 * h + 3], a1[4 * h + 3], xv.z, xv.w);
               }
             }
-            if (QMODE != 0 && GSCALE) {                    // the group scale of each row
+            if (QMODE != 0) {                              // the group scale of each row
 #pragma unroll
               for (int b = 0; b < NB; b++) {
                 acc[b][0] += sc[0][u] * ct[b][0]; acc[b][1] += sc[0][u] * ct[b][1];
