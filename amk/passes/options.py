@@ -53,6 +53,9 @@ DEFAULT_FUSE_RULES: tuple[tuple[str, str], ...] = (
     ("GEMV_TILE", "ROPE"), ("GEMM_TILE", "ROPE"),
     ("GEMV_TILE", "KV_APPEND"), ("GEMM_TILE", "KV_APPEND"),
     ("ROPE", "KV_APPEND"), ("ROPE", "ATTENTION_TILE"),
+    # a q/k norm (Qwen3, Gemma 3, OLMo 2) into the rope after it, and so into every attention
+    # and append that rotates: no stage of its own between the projections and the attention
+    ("RMSNORM", "ROPE"),
 )
 
 # One whole-output combine folded into every GEMV tile that reads it (each tile merges the

@@ -115,6 +115,13 @@ def cases() -> list[Case]:
     C.append(_single("rmsnorm_bf16", K.RMSNORM, [("x", BK.IO_INPUT, bf, (2, 320)), ("w", BK.WEIGHT, bf, (320,))],
                      [("y", BK.IO_OUTPUT, bf, (2, 320))], {"eps": 1e-5},
                      {"x": _rand((2, 320), tb, 2), "w": _rand((320,), tb)}))
+    # per-head norms (Qwen3's q/k norm: a warp a row), more rows than warps, a ragged row
+    C.append(_single("rmsnorm_heads_bf16", K.RMSNORM, [("x", BK.IO_INPUT, bf, (1, 2048)), ("w", BK.WEIGHT, bf, (128,))],
+                     [("y", BK.IO_OUTPUT, bf, (1, 2048))], {"eps": 1e-6},
+                     {"x": _rand((1, 2048), tb, 2), "w": _rand((128,), tb)}))
+    C.append(_single("rmsnorm_rows_f32", K.RMSNORM, [("x", BK.IO_INPUT, f32, (40, 96)), ("w", BK.WEIGHT, f32, (96,))],
+                     [("y", BK.IO_OUTPUT, f32, (40, 96))], {"eps": 1e-5},
+                     {"x": _rand((40, 96), tf, 2), "w": _rand((96,), tf)}))
     C.append(_single("layernorm_f32_bias", K.LAYERNORM,
                      [("x", BK.IO_INPUT, f32, (3, 48)), ("w", BK.WEIGHT, f32, (48,)), ("b", BK.WEIGHT, f32, (48,))],
                      [("y", BK.IO_OUTPUT, f16, (3, 48))], {"eps": 1e-5},

@@ -67,6 +67,32 @@ __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float 
   }
 }
 
+// Many short rows (a per-head norm: Qwen3's q/k norms, 16 rows of 128): a warp a row, all rows
+// in flight at once and a shuffle sum, instead of one block-wide round trip a row in turn
+// (NOTES v22: 16 rows took 10.8 us that way).
+constexpr int RMS_WARP_H = 256;        // longest row a warp takes (8 elements a lane)
+template <class TX, class TW, class TY>
+__device__ __forceinline__ void rms_rows_warp(const TX* x, const TW* w, int H, int R, float eps, TY* y) {
+  constexpr int E = RMS_WARP_H / 32;
+  const int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < R; r += NWARPS) {
+    const TX* xr = x + (long long)r * H;
+    float xv[E], ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+      const int i = lane + 32 * k;
+      xv[k] = i < H ? to_f(xr[i]) : 0.f;
+      ss += xv[k] * xv[k];
+    }
+    const float rs = rsqrtf(warp_sum(ss) / (float)H + eps);
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+      const int i = lane + 32 * k;
+      if (i < H) y[(long long)r * H + i] = from_f<TY>((xv[k] * rs) * to_f(w[i]));
+    }
+  }
+}
+
 // TO_SMEM (one row, folds.norm_into_smem): the normalised row goes, rounded through TY, into
 // the next GEMVs' fp32 x staging area at smem[0] instead of y.
 template <class TX, class TW, class TY>
@@ -75,6 +101,10 @@ __device__ __noinline__ void op_rmsnorm(AMK_PARAMS) {
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1]; TY* y = (TY*)P[d.n_in];
   const bool to_smem = d.ip[P_NORM_TO_SMEM] != 0; float* xs = (float*)smem;   // see TO_SMEM
+  if (R > 1 && H <= RMS_WARP_H && !to_smem) {
+    rms_rows_warp<TX, TW, TY>(x, w, H, R, eps, y);
+    return;
+  }
   if (H <= RMS_RN * NT) {
     for (int r = 0; r < R; r++) rms_row<TX, TW, TY>(x + (long long)r * H, w, H, eps, to_smem ? xs : nullptr, y + (long long)r * H);
     return;
