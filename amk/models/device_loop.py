@@ -13,6 +13,13 @@ capture (torch's advice), and its token is a real one. Steps that do not fill a 
 eagerly too, so no step runs past max_new_tokens (no cache row past max_seq). The fault word
 is mirrored into pinned memory after every replay and read after its sync (no fault lost; the
 kernel's watchdog still turns a stuck schedule into a fault).
+
+The loop and its graph are kept between generate calls (device_loop's `cache`, the Model's):
+the graph bakes only fixed addresses (the program's tables, input and output buffers, the
+loop's own tensors and its sampler's), so the next call with the same program, batch and
+sampling filters rebinds, resets the loop's state in place and replays, with no capture inside
+its timed decode (a capture is ~8 launches of host work: NOTES v22). A replay that raised
+drops the graph: the next call captures again.
 """
 from __future__ import annotations
 
@@ -33,13 +40,24 @@ class DeviceLoop:
         batch, dev = token0.numel(), exe.device
         self.slots = torch.zeros(steps, 2, batch, dtype=torch.int32, device=dev)  # token, done
         self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
-        if eos is not None:
-            self.done.copy_(token0.reshape(-1) == eos)     # the prefill's token may be EOS
         self.logit_slots = (torch.empty((steps, *self.logits.shape), dtype=self.logits.dtype,
                                         device=dev) if keep_logits else None)
         self.host = [torch.zeros(steps, 2, batch, dtype=torch.int32, pin_memory=True)
                      for _ in range(2)]
         self.graph = None
+        self._reset_done(token0)
+
+    def _reset_done(self, token0: torch.Tensor) -> None:
+        self.done.zero_()
+        if self.eos is not None:
+            self.done.copy_(token0.reshape(-1) == self.eos)  # the prefill's token may be EOS
+
+    def restart(self, bindings, sampler, token0: torch.Tensor) -> None:
+        """The next generate call on this loop: bind its tensors (token and pos into the same
+        buffers), take the call's sampler state into the baked one, reset the EOS flags."""
+        self.exe.bind(bindings)
+        self.sampler.follow(sampler)
+        self._reset_done(token0)
 
     def _step(self, k: int) -> None:
         """Step k of a replay: only stream work on fixed tensors (capturable)."""
@@ -99,7 +117,7 @@ class DeviceLoop:
                 if take(self.host[0][:1], self.slots[:1], self.logit_slots):
                     return ran, replays
                 q, r = divmod(n - 1, self.steps)
-                if q:
+                if q and self.graph is None:
                     stream.synchronize()
                     self._capture()
                 depth = 0 if self.logit_slots is not None else 1
@@ -115,6 +133,9 @@ class DeviceLoop:
                     self._wait(events.pop(j))
                     if take(h[:chunks[j]], self.slots[:chunks[j]], self.logit_slots):
                         return ran, replays
+        except BaseException:
+            self.graph = None                  # a fault or an interrupt: capture afresh next time
+            raise
         finally:
             stream.synchronize()               # nothing in flight once generate returns
             torch.cuda.current_stream(self.exe.device).wait_stream(stream)
@@ -134,9 +155,12 @@ def chunk_order(n_chunks: int, depth: int) -> list[tuple[str, int]]:
     return order
 
 
-def device_loop(step, args, sampler, token0, steps: int, eos: int | None, keep_logits: bool):
+def device_loop(step, args, sampler, token0, steps: int, eos: int | None, keep_logits: bool,
+                cache: dict | None = None):
     """A DeviceLoop for the jitted decode step on these args when it runs on the cuda backend
-    (a CudaProgram with token and pos inputs); None: use the per-step loop."""
+    (a CudaProgram with token and pos inputs); None: use the per-step loop. cache: where the
+    last loop is kept between calls (one at a time), reused when program, batch, sync_every,
+    eos, keep_logits and the sampling filters match."""
     params, token, pos, kv = args
     if token.device.type != "cuda":
         return None
@@ -148,5 +172,14 @@ def device_loop(step, args, sampler, token0, steps: int, eos: int | None, keep_l
         exe.input_buffer("token"), exe.input_buffer("pos")
     except KeyError:
         return None
+    key = (token0.numel(), steps, eos, keep_logits, sampler.filters)
+    kept = (cache or {}).get(key)
+    if kept is not None and kept.exe is exe:
+        kept.restart(bindings, sampler, token0)
+        return kept
     shapes = [tuple(v.aval.shape) for v in step.lower(params, token, pos, kv).graph.outputs]
-    return DeviceLoop(exe, bindings, shapes, sampler, token0, steps, eos, keep_logits)
+    loop = DeviceLoop(exe, bindings, shapes, sampler, token0, steps, eos, keep_logits)
+    if cache is not None:
+        cache.clear()
+        cache[key] = loop
+    return loop

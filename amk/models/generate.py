@@ -89,7 +89,7 @@ def generate(model, prompts: list[torch.Tensor], max_new_tokens: int, backend: s
         return col.result(step)
     keep_logits = return_logits or on_token is not None
     loop = device_loop(step, (model.params, token, pos, kv), sampler, token, sync_every,
-                       eos_token_id, keep_logits)
+                       eos_token_id, keep_logits, cache=model._device_loops)
     if loop is not None:      # the cuda backend: sync_every steps a CUDA graph replay
 
         def take(host, dev, logit_slots) -> bool:

@@ -31,6 +31,7 @@ class Model:
         self._steps: dict = {}
         self._prefill_steps: dict = {}
         self._generation_kv: dict = {}      # generate's caches, kept between calls
+        self._device_loops: dict = {}       # generate's captured decode loop (cuda), likewise
         self.last_stats = None          # GenerationStats of the last generate call
 
     def __repr__(self) -> str:

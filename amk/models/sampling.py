@@ -12,7 +12,7 @@ always stays).
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -96,12 +96,30 @@ class Sampler:
         self.draws = torch.zeros(1, dtype=torch.int64, device=self.device)  # incremented in place
         self._base: dict[tuple, torch.Tensor] = {}     # per logits shape: the hash of (key, index)
 
+    @property
+    def filters(self) -> SamplingOptions:
+        """The options but the seed: what decides which ops a draw runs."""
+        return replace(self.opts, seed=None)
+
+    def follow(self, other: "Sampler") -> None:
+        """Take other's seed and draw count, in this sampler's own tensors (a captured CUDA
+        graph baked their addresses: amk/models/device_loop.py)."""
+        if other.filters != self.filters:
+            raise TraceError(f"Sampler.follow: filters {other.filters} differ from {self.filters}")
+        self.opts, self.key = other.opts, other.key
+        self.draws.copy_(other.draws)
+        for shape, base in self._base.items():
+            base.copy_(self._hashes(shape))
+
+    def _hashes(self, shape: tuple[int, int]) -> torch.Tensor:
+        idx = torch.arange(shape[0] * shape[1], dtype=torch.int64, device=self.device)
+        return mix32(idx.reshape(shape) ^ self.key)
+
     def noise(self, shape: tuple[int, int]) -> torch.Tensor:
         """fp32 Gumbel noise [B, V] of the next draw (advances the draw counter on the device)."""
         base = self._base.get(shape)
         if base is None:
-            idx = torch.arange(shape[0] * shape[1], dtype=torch.int64, device=self.device)
-            base = self._base[shape] = mix32(idx.reshape(shape) ^ self.key)
+            base = self._base[shape] = self._hashes(shape)
         h = mix32((base + self.draws * _GOLDEN) & _M32)
         self.draws += 1
         u = ((h >> 8).float() + 0.5) * 2.0 ** -24          # uniform in (0, 1), never 0 or 1

@@ -174,6 +174,29 @@ def test_graph_loop_gives_the_per_step_tokens(monkeypatch, kw):
             assert generate(m, two, 20, backend="cuda") == batch
 
 
+def test_the_captured_loop_is_kept_between_calls(monkeypatch):
+    """A second call replays the first call's graph (no capture in its timed decode) and gives
+    its own tokens: greedy the same, a new seed its own draws, an old seed its old ones."""
+    from amk.models.device_loop import DeviceLoop
+    m = _graph_model()
+    ids = list(range(3, 40))
+    captures = []
+    real = DeviceLoop._capture
+    monkeypatch.setattr(DeviceLoop, "_capture", lambda self: (captures.append(1), real(self)))
+    greedy = m.generate(ids, 30, backend="cuda")
+    assert m.generate(ids, 30, backend="cuda") == greedy and len(captures) == 1
+    assert m.last_stats.graph_replays == 3
+    a = m.generate(ids, 30, backend="cuda", temperature=1.5, seed=1)
+    b = m.generate(ids, 30, backend="cuda", temperature=1.5, seed=2)
+    assert len(captures) == 2                   # greedy and sampled steps are different graphs
+    assert m.generate(ids, 30, backend="cuda", temperature=1.5, seed=1) == a != b
+    with monkeypatch.context() as mp:
+        _per_step(mp)
+        assert m.generate(ids, 30, backend="cuda", temperature=1.5, seed=2) == b
+    assert len(captures) == 2
+    assert m.generate(ids[:20], 30, backend="cuda") == m.generate(ids[:20], 30, backend="reference")
+
+
 def test_graph_loop_stops_at_eos_and_keeps_logits(monkeypatch):
     m = _graph_model()
     ids = list(range(5, 30))
