@@ -19,7 +19,7 @@ from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
 from amk.backends.cuda.ring import mark_ring_steps
-from amk.backends.cuda.steps import (REF_BUFFER, SCRATCH_ALIGN, Folded, FoldedTask, Fused, View,
+from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask, Fused, View,
                                      fail)
 from amk.backends.cuda.tables import Lowered, pack
 
@@ -30,13 +30,13 @@ def fold_program(program: Program, n_ctas: int = 132,
     """Every task encoded and folded. ``n_ctas`` only matters when the program has no queues."""
     argmax = ArgmaxFolds(program)
     scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
+    memo = _FusedMemo()
     tasks = []
     for t in program.tasks:
         ins = [_view(program.buffers[b]) for b in t.inputs]
         outs = [_view(program.buffers[b]) for b in t.outputs]
         if t.op == K.FUSED:
-            fused, used = lower_fused(t, ins, outs, scratch)
-            fused = fold_steps(fused)
+            fused, used = memo.lower(t, ins, outs, scratch)
         else:
             fused, used = Fused([(encode_op(t, t.op, ins, outs, t.params), ins, outs)], []), 0
         ft = FoldedTask(t, ins, outs, argmax.steps(t, fused.steps, outs), fused.zero)
@@ -48,6 +48,43 @@ def fold_program(program: Program, n_ctas: int = 132,
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
     return Folded(tasks, queues, scratch)
+
+
+class _FusedMemo:
+    """lower_fused + fold_steps once per distinct kind of FUSED task. A decoder's layers repeat
+    (the 8B shape: 20.8k tasks, a few hundred kinds): a task with the same recipe object, the
+    same operand shapes, dtypes and kinds, the same pattern of repeated buffers and the same
+    scratch alignment gets the first one's steps over its own buffers and scratch offset (the
+    encoders and folds only compare refs, never read them)."""
+
+    def __init__(self):
+        self.done: dict[tuple, tuple] = {}
+
+    def lower(self, t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:
+        recipe = t.params.get("recipe")
+        views = ins + outs
+        first: dict[int, int] = {}
+        key = (id(recipe), tuple(first.setdefault(v.ref[1], len(first)) for v in views),
+               tuple((v.shape, v.dtype, v.kind) for v in views), scratch % SCRATCH_ALIGN)
+        hit = self.done.get(key)
+        if hit is None or hit[0] is not recipe:
+            fused, used = lower_fused(t, ins, outs, scratch)
+            fused = fold_steps(fused)
+            self.done[key] = (recipe, views, scratch, fused, used)      # holds recipe: id unique
+            return fused, used
+        _, old_views, old_scratch, fused, used = hit
+        delta = scratch - old_scratch
+        new = dict(zip(old_views, views))
+
+        def moved(v: View) -> View:
+            w = new.get(v)
+            if w is None:
+                w = new[v] = View(v.shape, v.dtype, (REF_SCRATCH, v.ref[1] + delta), None)
+            return w
+
+        steps = [(enc, [moved(v) for v in args], [moved(v) for v in outs_])
+                 for enc, args, outs_ in fused.steps]
+        return Fused(steps, [(o + delta, n) for o, n in fused.zero]), used
 
 
 def lower_program(program: Program, n_ctas: int = 132,
