@@ -32,9 +32,10 @@ def fold_program(program: Program, n_ctas: int = 132,
     scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
     memo = _FusedMemo()
     tasks = []
+    views = [_view(b) for b in program.buffers]       # one View per buffer, shared by its tasks
     for t in program.tasks:
-        ins = [_view(program.buffers[b]) for b in t.inputs]
-        outs = [_view(program.buffers[b]) for b in t.outputs]
+        ins = [views[b] for b in t.inputs]
+        outs = [views[b] for b in t.outputs]
         if t.op == K.FUSED:
             fused, used = memo.lower(t, ins, outs, scratch)
         else:

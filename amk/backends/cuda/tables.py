@@ -113,12 +113,29 @@ def _table(descs: list[dict[str, Any]], waits: list[tuple[int, int, int]]) -> np
     # each field's own dtype, so an out-of-range value raises as a record assignment does
     ip, fp, wc, wt, ws = (np.zeros((len(descs),) + table.dtype[f].shape, table.dtype[f].base)
                           for f in ("ip", "fp", "wait_c", "wait_t", "wait_s"))
+    # the parameters as (row, slot, value) triples, then one assignment a table; a descriptor's
+    # slots and values are memoised by its dict (steps of repeated layers share one)
+    rows: dict[str, list] = {"ip": [], "fp": []}
+    at: dict[str, list] = {"ip": [], "fp": []}
+    vals: dict[str, list] = {"ip": [], "fp": []}
+    memo: dict[tuple, tuple] = {}
     for i, d in enumerate(descs):
         g = d["group"]
-        for name, v in d["ip"].items():
-            ip[i, abi.ip_index(g, name)] = int(v)
-        for name, v in d["fp"].items():
-            fp[i, abi.fp_index(g, name)] = float(v)
+        for kind, index, cast in (("ip", abi.ip_index, int), ("fp", abi.fp_index, float)):
+            params = d[kind]
+            if not params:
+                continue
+            hit = memo.get((kind, g, id(params)))
+            if hit is None or hit[0] is not params:
+                hit = memo[(kind, g, id(params))] = (
+                    params, [index(g, name) for name in params], [cast(v) for v in params.values()])
+            rows[kind] += [i] * len(hit[1])
+            at[kind] += hit[1]
+            vals[kind] += hit[2]
+    for kind, table_of in (("ip", ip), ("fp", fp)):
+        # np.array of Python numbers in the field's dtype: an out-of-range value still raises
+        table_of[rows[kind], at[kind]] = np.array(vals[kind], dtype=table_of.dtype)
+    for i, d in enumerate(descs):
         first = waits[d["wait_begin"]:d["wait_begin"] + min(d["n_waits"], abi.INLINE_WAITS)]
         for k, (c, th, st) in enumerate(first):      # the waits the scheduler polls from smem
             wc[i, k], wt[i, k], ws[i, k] = c, th & 0xFFFFFFFF, st
