@@ -19,7 +19,7 @@ from typing import Sequence
 
 from amk.gcpause import without_gc
 from amk.program.ir import Buffer, Counter, Program, Task, Wait
-from amk.program.deps import scan
+from amk.program.deps import scan_all
 from amk.program.regions import Region, task_regions
 
 _EMPTY: frozenset[int] = frozenset()
@@ -83,7 +83,7 @@ def direct_dependency_parts(program: Program, regions=None) -> list[list[frozens
 def _direct_parts(program: Program, regions=None) -> list[list[frozenset[int]]]:
     if regions is None:
         regions = task_region_list(program)
-    found = scan(program.buffers, program.tasks, regions)
+    found, _ = scan_all(program.buffers, program.tasks, regions)
     return [[c.earlier for c in conflicts] for conflicts in found]
 
 

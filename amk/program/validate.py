@@ -32,7 +32,7 @@ from typing import Sequence
 
 from amk.errors import ValidationError
 from amk.gcpause import without_gc
-from amk.program.deps import RAW, WAR, WAW, scan
+from amk.program.deps import RAW, WAR, WAW, scan_all
 from amk.program.ir import Buffer, BufferKind, Program, Task
 from amk.program.opcode_checks import READ_ONLY, _b, _t, check_opcode
 from amk.program.regions import Region, task_regions
@@ -302,7 +302,6 @@ def _validate(program: Program) -> ValidationResult:
     # never run and are left out). Every conflicting pair is joined by a chain of hazard edges,
     # so if every edge is ordered by happens-before, so is every pair, whatever the order.
     scan_order = range(n) if order_is_legal else order
-    unwritten: list[tuple[int, Region]] = []
     scanned = [tasks[i] for i in scan_order]
     mask_cache: dict[int, tuple[object, int]] = {}     # id(shared group) -> (group, bitset)
 
@@ -317,7 +316,7 @@ def _validate(program: Program) -> ValidationResult:
             mask_cache[id(group)] = (group, m)
         return m
 
-    conflicts = scan(bufs, scanned, [regions[i] for i in scan_order], unwritten, masks=True)
+    conflicts, unwritten = scan_all(bufs, scanned, [regions[i] for i in scan_order])
     for b, found in zip(scanned, conflicts):
         not_anc = ~anc[b.id]
         for kind, buffer, lo, hi, group, mask in found:
