@@ -23,6 +23,7 @@ from amk.passes.options import PassOptions
 from amk.passes.place import place
 from amk.passes.plan_memory import plan_memory
 from amk.passes.split_kv import split_kv
+from amk.passes.sync import forget
 from amk.passes.tile import tile
 from amk.program.digest import remember_digest
 from amk.program.ir import Program
@@ -71,6 +72,7 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
             break
     if debug < 1:
         check(ir, name)
+    forget()
     if debug >= 2:                       # the schedule summary
         from amk.passes.stats import stats_line
         print(f"[amk] schedule: {stats_line(ir, opts.target)}", file=sys.stderr)

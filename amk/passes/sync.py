@@ -19,8 +19,8 @@ from typing import Sequence
 
 from amk.gcpause import without_gc
 from amk.program.ir import Buffer, Counter, Program, Task, Wait
-from amk.program.deps import scan_all
-from amk.program.regions import Region, task_regions
+from amk.program.deps import forget_last_scan, scan_all
+from amk.program.regions import Region, forget_fused_regions, task_regions
 
 _EMPTY: frozenset[int] = frozenset()
 
@@ -63,6 +63,17 @@ def task_region_list(program: Program) -> list[tuple[list[Region], list[Region]]
 # The last program's dependencies: allocate_counters sees the program plan_memory just
 # resynced, with new waits but the same tasks, and needs the same edges again.
 _LAST: dict = {"key": None, "parts": None, "params": None}
+
+
+def forget() -> None:
+    """Drop the memos of one pipeline run (regions, the last dependencies, the last scan, the
+    FUSED regions): they serve only its passes, and the ~10^6 small objects they hold (the 8B
+    shape) would make every later collection of the garbage collector scan them (0.76 -> 0.22 s
+    a full collection)."""
+    _REGIONS.clear()
+    _LAST.update(key=None, parts=None, params=None)
+    forget_last_scan()
+    forget_fused_regions()
 
 
 def direct_dependency_parts(program: Program, regions=None) -> list[list[frozenset[int]]]:

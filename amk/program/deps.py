@@ -213,6 +213,10 @@ def scan_all(buffers: Sequence[Buffer], tasks: Sequence[Task],
     return out, unwritten
 
 
+def forget_last_scan() -> None:
+    _LAST_SCAN.update(inputs=None, out=None)
+
+
 def dependencies(program_or_buffers: Program | Sequence[Buffer],
                  tasks: Sequence[Task] | None = None) -> list[tuple[int, ...]]:
     """For each task in program order, the sorted ids of earlier tasks it must follow.

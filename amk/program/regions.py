@@ -227,6 +227,10 @@ def _fused_regions(task: Task, width):
     return tuple(sorted(Region(ids[r.buffer], r.lo, r.hi) for r in rs) for rs in hit[1:])
 
 
+def forget_fused_regions() -> None:
+    _FUSED.clear()
+
+
 def _fused_regions_over(recipe, inputs: Sequence[int], outputs: Sequence[int], width):
     reads: list[Region] = []
     writes: list[Region] = []
