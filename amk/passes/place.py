@@ -39,6 +39,7 @@ def place(program: Program, opts: PassOptions | None = None) -> Program:
     init = {c.id: c.init for c in program.counters}
     done: dict[int, list[float]] = {}               # counter -> finish times of its incrementers
     latest: dict[int, float] = {}
+    costs: dict = {}                                 # cost_ns's memo
     for t in program.tasks:
         ready = 0.0
         for w in t.waits:
@@ -48,7 +49,7 @@ def place(program: Program, opts: PassOptions | None = None) -> Program:
                 continue
             at = latest[w.counter] if need >= len(fins) else sorted(fins)[need - 1]
             ready = max(ready, at)
-        cost = cost_ns(t, program.buffers, target)
+        cost = cost_ns(t, program.buffers, target, costs)
         finish = np.maximum(free, ready) + cost
         q = int(np.lexsort((load, np.floor(finish / FINISH_TIE_NS)))[0])
         end = float(finish[q])
