@@ -66,8 +66,19 @@ def steps_of(task: Task, fresh) -> list[_Step]:
     return steps
 
 
-def root_op(task: Task) -> K:
-    return recipe_of(task).root_op() if task.op is K.FUSED else task.op
+def root_op(task: Task, memo: dict[tuple, tuple] | None = None) -> K:
+    """The op of the step writing the task's first output. memo (one pass's): each recipe
+    object is checked and searched once per operand count (fuse shares equal recipes)."""
+    if task.op is not K.FUSED:
+        return task.op
+    if memo is None:
+        return recipe_of(task).root_op()
+    recipe = task.params.get("recipe")
+    key = (id(recipe), len(task.inputs), len(task.outputs))
+    hit = memo.get(key)
+    if hit is None or hit[0] is not recipe:
+        hit = memo[key] = (recipe, recipe_of(task).root_op())      # holds recipe: id unique
+    return hit[1]
 
 
 def _cse(steps: list[_Step], params_text: dict[int, tuple[dict, str, str]]) -> list[_Step]:
@@ -239,6 +250,7 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     counter = [0]
     params_text: dict[int, tuple[dict, str, str]] = {}    # _params_text's memo
     recipes: dict[tuple, Recipe] = {}
+    roots: dict[tuple, tuple] = {}                         # root_op's memo
 
     def fresh() -> int:
         counter[0] += 1
@@ -258,7 +270,7 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
 
     for a in range(len(tasks)):
         A = tasks[a]
-        if A is None or len(A.outputs) != 1 or root_op(A) not in producer_ops:
+        if A is None or len(A.outputs) != 1 or root_op(A, roots) not in producer_ops:
             continue
         y = A.outputs[0]
         if bufs[y].kind is not BufferKind.ACTIVATION or y in outputs:
@@ -274,9 +286,9 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         a_steps = steps_of(A, fresh)
         if len(users) > 1 and not all(s.op in CHEAP for s in a_steps):
             continue
-        ra = root_op(A)
+        ra = root_op(A, roots)
         last = users[-1]
-        ok = all((ra, root_op(tasks[b])) in rules
+        ok = all((ra, root_op(tasks[b], roots)) in rules
                  and all(r.buffer != y or (wy0.lo <= r.lo and r.hi <= wy0.hi)
                          for r in regions[b][0]) for b in users)
         # A moves to its readers: nothing it reads (or writes) may change in between
