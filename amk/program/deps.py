@@ -210,7 +210,7 @@ def scan_all(buffers: Sequence[Buffer], tasks: Sequence[Task],
     unwritten: list[tuple[int, Region]] = []
     out = scan(buffers, tasks, regions, unwritten, masks=True)
     _LAST_SCAN.update(inputs=(buffers, ids, list(regions)), out=(out, unwritten))
-    return out, unwritten
+    return _LAST_SCAN["out"]
 
 
 def forget_last_scan() -> None:

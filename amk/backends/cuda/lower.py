@@ -19,8 +19,8 @@ from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
 from amk.backends.cuda.ring import mark_ring_steps
-from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask, Fused, View,
-                                     fail)
+from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask,
+                                     Fused, View, fail)
 from amk.backends.cuda.tables import Lowered, pack
 
 
