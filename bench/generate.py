@@ -153,9 +153,10 @@ def gpu_main(a) -> dict:
     ids = torch.randint(0, m.config.vocab, (a.prompt,), generator=torch.Generator().manual_seed(1))
     row = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "prompt": a.prompt, "new": a.new}
+    peers = [] if a.no_peers else [("hf", lambda: bench_hf(hf, ids.cuda(), a.new)),
+                                   ("compile_peer", lambda: bench_compile_peer(m, a.prompt + a.new // 2))]
     for name, fn in [*[(be, lambda be=be: bench_amk(m, ids, a.new, be)) for be in a.backends],
-                     ("hf", lambda: bench_hf(hf, ids.cuda(), a.new)),
-                     ("compile_peer", lambda: bench_compile_peer(m, a.prompt + a.new // 2))]:
+                     *peers]:
         try:
             row.update(fn())
         except Exception as e:                           # report, keep benchmarking the rest
@@ -191,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", default=["cuda", "triton"])
     ap.add_argument("--model", default=None, help="--cpu: a model name for `amk generate` "
                     "(default smollm2-135m when installed, else the tiny-llama preset)")
+    ap.add_argument("--no-peers", action="store_true", help="AMK only: no transformers or "
+                    "torch.compile columns (a same-call A/B of two trees, as bench/ab.py does)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     a.prompt = a.prompt or (256 if a.cpu else 1000)
