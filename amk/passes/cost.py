@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Sequence
 
+from amk.identity_memo import IdentityMemo
 from amk.passes.options import H200, Target
 from amk.program.ir import Buffer, DType, InstructionKind as K, Task
 from amk.program.recipe import INPUT, OUTPUT, recipe_of
@@ -102,19 +103,14 @@ def task_cost(task: Task, buffers: Sequence[Buffer]) -> Cost:
 
 
 def cost_ns(task: Task, buffers: Sequence[Buffer], target: Target = H200,
-            memo: dict | None = None) -> float:
-    """Simulated nanoseconds of `task`. memo: a dict the caller keeps for one program; FUSED
+            memo: IdentityMemo | None = None) -> float:
+    """Simulated nanoseconds of `task`. memo: one the caller keeps for one program; FUSED
     tasks with the same recipe object over operands of the same shapes and dtypes cost the same
     (a decoder's layers repeat: the 8B shape's 20.8k tasks have a few hundred costs)."""
     if memo is None or task.op is not K.FUSED:
         return _cost_ns(task, buffers, target)
-    recipe = task.params.get("recipe")
-    key = (id(recipe), tuple((buffers[b].shape, buffers[b].dtype)
-                             for b in task.inputs + task.outputs))
-    hit = memo.get(key)
-    if hit is None or hit[0] is not recipe:
-        hit = memo[key] = (recipe, _cost_ns(task, buffers, target))     # holds recipe: id unique
-    return hit[1]
+    shapes = tuple((buffers[b].shape, buffers[b].dtype) for b in task.inputs + task.outputs)
+    return memo.get(task.params.get("recipe"), shapes, lambda: _cost_ns(task, buffers, target))
 
 
 def _cost_ns(task: Task, buffers: Sequence[Buffer], target: Target) -> float:

@@ -22,6 +22,7 @@ from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
 from amk.gcpause import without_gc
+from amk.identity_memo import IdentityMemo
 from amk.passes.options import PassOptions
 from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
@@ -66,19 +67,15 @@ def steps_of(task: Task, fresh) -> list[_Step]:
     return steps
 
 
-def root_op(task: Task, memo: dict[tuple, tuple] | None = None) -> K:
+def root_op(task: Task, memo: IdentityMemo | None = None) -> K:
     """The op of the step writing the task's first output. memo (one pass's): each recipe
     object is checked and searched once per operand count (fuse shares equal recipes)."""
     if task.op is not K.FUSED:
         return task.op
     if memo is None:
         return recipe_of(task).root_op()
-    recipe = task.params.get("recipe")
-    key = (id(recipe), len(task.inputs), len(task.outputs))
-    hit = memo.get(key)
-    if hit is None or hit[0] is not recipe:
-        hit = memo[key] = (recipe, recipe_of(task).root_op())      # holds recipe: id unique
-    return hit[1]
+    return memo.get(task.params.get("recipe"), (len(task.inputs), len(task.outputs)),
+                    lambda: recipe_of(task).root_op())
 
 
 def _cse(steps: list[_Step], params_text: dict[int, tuple[dict, str, str]]) -> list[_Step]:
@@ -250,7 +247,7 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     counter = [0]
     params_text: dict[int, tuple[dict, str, str]] = {}    # _params_text's memo
     recipes: dict[tuple, Recipe] = {}
-    roots: dict[tuple, tuple] = {}                         # root_op's memo
+    roots = IdentityMemo()                                 # root_op's memo
 
     def fresh() -> int:
         counter[0] += 1

@@ -56,6 +56,13 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
     """Run the passes; returns {pass name: program after it}, in pipeline order. debug: the
     AMK_DEBUG level (1 verify and time every pass, 2 print the schedule summary)."""
     opts = opts or PassOptions()
+    try:
+        return _run(graph, opts, stop_after, debug)
+    finally:
+        forget()                         # the passes' memos serve only this run
+
+
+def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int) -> dict[str, Program]:
     stages: dict[str, Program] = {}
     ir = graph
     for name, fn in PIPELINE:
@@ -72,7 +79,6 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
             break
     if debug < 1:
         check(ir, name)
-    forget()
     if debug >= 2:                       # the schedule summary
         from amk.passes.stats import stats_line
         print(f"[amk] schedule: {stats_line(ir, opts.target)}", file=sys.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from amk.identity_memo import IdentityMemo
 from amk.passes.cost import cost_ns
 from amk.gcpause import without_gc
 from amk.passes.options import H200, PassOptions, Target
@@ -39,7 +40,7 @@ def place(program: Program, opts: PassOptions | None = None) -> Program:
     init = {c.id: c.init for c in program.counters}
     done: dict[int, list[float]] = {}               # counter -> finish times of its incrementers
     latest: dict[int, float] = {}
-    costs: dict = {}                                 # cost_ns's memo
+    costs = IdentityMemo()                           # cost_ns's memo
     for t in program.tasks:
         ready = 0.0
         for w in t.waits:

@@ -194,7 +194,8 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
 # The last scan with masks and unwritten reads, with its inputs: the pipeline's last resync
 # scans the tasks and regions that the final `validate` scans again (allocate_counters and
 # place change only waits, counters and queues), so that second scan is a lookup.
-_LAST_SCAN: dict = {"inputs": None, "out": None}
+# One (inputs, result) pair, read and replaced whole.
+_LAST_SCAN: list = [None]
 
 
 def scan_all(buffers: Sequence[Buffer], tasks: Sequence[Task],
@@ -204,17 +205,18 @@ def scan_all(buffers: Sequence[Buffer], tasks: Sequence[Task],
     the last call's inputs, compared by value (the buffers, the task ids and every region), so
     a caller that computed its own regions gets the scan of exactly those."""
     ids = [t.id for t in tasks]
-    last = _LAST_SCAN["inputs"]
-    if last is not None and last[1] == ids and last[0] == buffers and last[2] == regions:
-        return _LAST_SCAN["out"]
+    last = _LAST_SCAN[0]
+    if last is not None and last[0][1] == ids and last[0][0] == buffers and last[0][2] == regions:
+        return last[1]
     unwritten: list[tuple[int, Region]] = []
     out = scan(buffers, tasks, regions, unwritten, masks=True)
-    _LAST_SCAN.update(inputs=(buffers, ids, list(regions)), out=(out, unwritten))
-    return _LAST_SCAN["out"]
+    pair = (out, unwritten)
+    _LAST_SCAN[0] = ((buffers, ids, list(regions)), pair)
+    return pair
 
 
 def forget_last_scan() -> None:
-    _LAST_SCAN.update(inputs=None, out=None)
+    _LAST_SCAN[0] = None
 
 
 def dependencies(program_or_buffers: Program | Sequence[Buffer],

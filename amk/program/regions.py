@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from amk.identity_memo import IdentityMemo
 from amk.program.ir import Buffer, InstructionKind as K, Task
 from amk.program.recipe import INPUT, OUTPUT, parse_recipe
 
@@ -205,8 +206,7 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
 # decoder's layers repeat each FUSED task over other buffers (the 8B shape: 20.8k tasks). The
 # regions are kept over operand positions and renamed; merged regions of distinct buffers never
 # interact, so renaming then sorting is what merging the renamed regions gives.
-_FUSED: dict[tuple, tuple] = {}
-_FUSED_MAX = 100_000
+_FUSED = IdentityMemo(limit=100_000)
 
 
 def _fused_regions(task: Task, width):
@@ -215,16 +215,11 @@ def _fused_regions(task: Task, width):
     first: dict[int, int] = {}
     pattern = tuple(first.setdefault(b, len(first)) for b in task.inputs + task.outputs)
     ids = list(first)
-    key = (id(recipe), pattern, tuple(width(b) for b in ids))
-    hit = _FUSED.get(key)
-    if hit is None or hit[0] is not recipe:
-        n_in = len(task.inputs)
-        reads, writes = _fused_regions_over(recipe, pattern[:n_in], pattern[n_in:],
-                                            lambda k: width(ids[k]))
-        if len(_FUSED) > _FUSED_MAX:
-            _FUSED.clear()
-        hit = _FUSED[key] = (recipe, reads, writes)      # holds recipe: its id stays unique
-    return tuple(sorted(Region(ids[r.buffer], r.lo, r.hi) for r in rs) for rs in hit[1:])
+    n_in = len(task.inputs)
+    over = _FUSED.get(recipe, (pattern, tuple(width(b) for b in ids)),
+                      lambda: _fused_regions_over(recipe, pattern[:n_in], pattern[n_in:],
+                                                  lambda k: width(ids[k])))
+    return tuple(sorted(Region(ids[r.buffer], r.lo, r.hi) for r in rs) for rs in over)
 
 
 def forget_fused_regions() -> None:

@@ -11,6 +11,7 @@ buffers are bound.
 from __future__ import annotations
 
 from amk.gcpause import without_gc
+from amk.identity_memo import IdentityMemo
 from amk.program.ir import Buffer, InstructionKind as K, Program
 from amk.backends.cuda.argmax_fold import ArgmaxFolds
 from amk.backends.cuda.encoders import encode_op
@@ -51,6 +52,11 @@ def fold_program(program: Program, n_ctas: int = 132,
     return Folded(tasks, queues, scratch)
 
 
+def _lower_and_fold(t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:
+    fused, used = lower_fused(t, ins, outs, scratch)
+    return fold_steps(fused), used
+
+
 class _FusedMemo:
     """lower_fused + fold_steps once per distinct kind of FUSED task. A decoder's layers repeat
     (the 8B shape: 20.8k tasks, a few hundred kinds): a task with the same recipe object, the
@@ -59,21 +65,18 @@ class _FusedMemo:
     encoders and folds only compare refs, never read them)."""
 
     def __init__(self):
-        self.done: dict[tuple, tuple] = {}
+        self.done = IdentityMemo()
 
     def lower(self, t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:
-        recipe = t.params.get("recipe")
         views = ins + outs
         first: dict[int, int] = {}
-        key = (id(recipe), tuple(first.setdefault(v.ref[1], len(first)) for v in views),
-               tuple((v.shape, v.dtype, v.kind) for v in views), scratch % SCRATCH_ALIGN)
-        hit = self.done.get(key)
-        if hit is None or hit[0] is not recipe:
-            fused, used = lower_fused(t, ins, outs, scratch)
-            fused = fold_steps(fused)
-            self.done[key] = (recipe, views, scratch, fused, used)      # holds recipe: id unique
+        kind = (tuple(first.setdefault(v.ref[1], len(first)) for v in views),
+                tuple((v.shape, v.dtype, v.kind) for v in views), scratch % SCRATCH_ALIGN)
+        old_views, old_scratch, fused, used = self.done.get(
+            t.params.get("recipe"), kind,
+            lambda: (views, scratch, *_lower_and_fold(t, ins, outs, scratch)))
+        if old_views is views:               # lowered just now
             return fused, used
-        _, old_views, old_scratch, fused, used = hit
         delta = scratch - old_scratch
         new = dict(zip(old_views, views))
 

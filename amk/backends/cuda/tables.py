@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from amk.gcpause import without_gc
+from amk.identity_memo import IdentityMemo
 from amk.program.ir import InstructionKind as K, Program
 from amk.backends.cuda import abi
 from amk.backends.cuda.steps import REF_SCRATCH, Encoded, Folded, Variant, View, fail
@@ -118,20 +119,18 @@ def _table(descs: list[dict[str, Any]], waits: list[tuple[int, int, int]]) -> np
     rows: dict[str, list] = {"ip": [], "fp": []}
     at: dict[str, list] = {"ip": [], "fp": []}
     vals: dict[str, list] = {"ip": [], "fp": []}
-    memo: dict[tuple, tuple] = {}
+    memo = IdentityMemo()
     for i, d in enumerate(descs):
         g = d["group"]
         for kind, index, cast in (("ip", abi.ip_index, int), ("fp", abi.fp_index, float)):
             params = d[kind]
             if not params:
                 continue
-            hit = memo.get((kind, g, id(params)))
-            if hit is None or hit[0] is not params:
-                hit = memo[(kind, g, id(params))] = (
-                    params, [index(g, name) for name in params], [cast(v) for v in params.values()])
-            rows[kind] += [i] * len(hit[1])
-            at[kind] += hit[1]
-            vals[kind] += hit[2]
+            slots, values = memo.get(params, (kind, g), lambda: (
+                [index(g, name) for name in params], [cast(v) for v in params.values()]))
+            rows[kind] += [i] * len(slots)
+            at[kind] += slots
+            vals[kind] += values
     for kind, table_of in (("ip", ip), ("fp", fp)):
         # np.array of Python numbers in the field's dtype: an out-of-range value still raises
         table_of[rows[kind], at[kind]] = np.array(vals[kind], dtype=table_of.dtype)
