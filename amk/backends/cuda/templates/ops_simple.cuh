@@ -334,33 +334,45 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
   }
 }
 
-// op_combine when its partials cannot be staged in shared memory: read from global memory.
-// Out of line: for the 1B step it never runs, and never-run code inside a hot function costs
-// time (NOTES v16). The first np of its NPC partials (op_combine's loops: NPC the bound).
+// op_combine when its partials cannot be staged in shared memory (the 1B step's 16 live partials
+// at context 4096 are 135 KB, the staging area below the o tile's preload 68 KB): read from global
+// memory. A thread merges 4 consecutive outputs of one head, as the staged path does (same order:
+// same bits), with every partial's loads of a phase issued at once (the loops unrolled to NPC):
+// a scalar loop over the partials, an output a thread, was two dependent L2 round trips a
+// partial, 13 us a task at 4096 (NOTES v22). Out of line: never-run code inside a hot function
+// costs time (NOTES v16). The first np of its NPC partials.
 template <class TP, class TO, int NPC>
 __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, char* smem, int hd, int np) {
   const int nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT], B = d.ip[P_COMB_B];
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
-  const int n = B * hc * hd;
-  for (int i = threadIdx.x; i < n; i += NT) {
-    int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
-    long long base = ((long long)b * nh + h) * (hd + 2);
-    float m = -__int_as_float(0x7f800000);
+  const int n = B * hc * hd, V = hd % 4 == 0 ? 4 : 1;     // outputs a thread: 4 of one head
+  for (int i0 = V * threadIdx.x; i0 < n; i0 += V * NT) {
+    const int b = i0 / (hc * hd), r = i0 - b * hc * hd, h = h0 + r / hd, dd = r % hd;
+    const long long base = ((long long)b * nh + h) * (hd + 2);
+    float mp[NPC], mx = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int p = 0; p < NPC; p++) {
+      mp[p] = p < np ? to_f(((const TP*)P[p])[base + hd]) : mx;
+      mx = fmaxf(mx, mp[p]);
+    }
+    float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
     for (int p = 0; p < NPC; p++) {
       if (p >= np) break;
-      m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+      const TP* pp = (const TP*)P[p] + base;
+      const float lp = to_f(pp[hd + 1]);
+      const float w = lp > 0.f ? expf(mp[p] - mx) : 0.f;
+      L += lp * w;
+#pragma unroll
+      for (int k = 0; k < 4; k++) if (k < V) acc[k] += to_f(pp[dd + k]) * w;
     }
-    float l = 0.f, acc = 0.f;
-    for (int p = 0; p < NPC; p++) {
-      if (p >= np) break;
-      const TP* pp = (const TP*)P[p];
-      float lp = to_f(pp[base + hd + 1]);
-      float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
-      l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      if (k >= V) break;
+      const TO o = from_f<TO>(acc[k] / fmaxf(L, 1e-20f));
+      if (to_smem) xs[h * hd + dd + k] = to_f(o); else y[((long long)b * nh + h) * hd + dd + k] = o;
     }
-    const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
-    if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
   }
 }
 
