@@ -96,7 +96,9 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
              "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE",
              "KV_SHARD", "KV_SHARDS", "WINDOW",    # WINDOW > 0: rows (pos - WINDOW, pos] only
-             "SHARD_ROWS"),
+             "SHARD_ROWS",
+             "QN_ARG", "KN_ARG"),   # > 0: the input holding q's / the new k row's norm weight
+                                    # (folds.norm_into_attention), eps QKN_EPS
     # op_ewx (templates/ops_models.cuh): unary ops and COPY's column move; x read at
     # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
     "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),
@@ -115,7 +117,8 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
 }
 FP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("SCALE",), "NORM": ("EPS",), "GEMV": ("EPS",), "ROPE": ("THETA",), "KV": ("THETA",),
-    "ATTN": ("SCALE", "THETA", "SOFTCAP"),       # SOFTCAP > 0: scores -> SOFTCAP tanh(s / SOFTCAP)
+    "ATTN": ("SCALE", "THETA", "SOFTCAP",        # SOFTCAP > 0: scores -> SOFTCAP tanh(s / SOFTCAP)
+             "QKN_EPS"),                  # both folded norms' eps (folds.norm_into_attention)
     "EWX": ("CAP",),
 }
 EW_KINDS = ("COPY", "ADD", "MUL", "MULS", "SILU_MUL", "GELU")

@@ -169,6 +169,46 @@ def rope_into_append(f: Fused) -> Fused:
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
 
 
+def norm_into_attention(f: Fused) -> Fused:
+    """A per-head RMSNORM (rows of head_dim; input, output and weight of one dtype) into a
+    scratch that only one staged batch-1 attention reads, as q or as NEW_KV's new k row: the
+    attention normalises those rows itself as it stages them (op_attention_smem's QKN, after
+    the rope folds), so the norm loses its scratch round trip and its barrier (Qwen3's q/k norm:
+    two ~2 us steps in every attention task, NOTES v22). The weight becomes an input before the
+    inverse frequencies (the attention reads those at its last input); both norms share one eps."""
+    out = list(f.steps)
+    for i, (nrm, na, no) in enumerate(f.steps):
+        if nrm.op != int(K.RMSNORM) or no[0].ref[0] != REF_SCRATCH or nrm.ip.get("TO_SMEM"):
+            continue
+        readers = [j for j in range(i + 1, len(out))
+                   if out[j] is not None and any(v.ref == no[0].ref for v in out[j][1])]
+        if len(readers) != 1:
+            continue
+        j = readers[0]
+        a, aa, ao = out[j]
+        slot = next((k for k in (0, 4) if k < len(aa) and aa[k].ref == no[0].ref), None)
+        flag = {0: "QN_ARG", 4: "KN_ARG"}.get(slot)
+        x, w = na[0], na[1]
+        eps = a.fp.get("QKN_EPS", nrm.fp["EPS"])
+        between = [v.ref for st in out[i + 1:j] if st is not None for v in st[2]]
+        if not (flag and a.is_fn("op_attention_smem") and a.ip["B"] == 1 and not a.ip.get(flag)
+                and (slot == 0 or a.ip.get("NEW_KV")) and nrm.ip["H"] == a.ip["HD"]
+                and sum(v.ref == no[0].ref for v in aa) == 1
+                and x.dtype == no[0].dtype == w.dtype and x.numel == no[0].numel
+                and w.numel == a.ip["HD"] and eps == nrm.fp["EPS"]
+                and all(r[0] == REF_SCRATCH and r not in (x.ref, w.ref) for r in between)):
+            continue
+        args = list(aa)
+        args[slot] = x
+        at = len(args) - 1 if a.ip.get("ROPE_INV") else len(args)
+        args.insert(at, w)
+        e = Encoded(a.op, a.variant.with_(qkn=True), dict(a.ip, **{flag: at}),
+                    dict(a.fp, QKN_EPS=eps), a.group)
+        out[j] = (e, args, ao)
+        out[i] = None
+    return Fused([s for s in out if s is not None], f.zero)
+
+
 def pair_gemvs(f: Fused) -> Fused:
     """gate GEMV, up GEMV (one op_gemv_direct or op_gemv_mma variant, same x and row tile,
     scratch outputs) and the SILU_MUL of exactly those two tiles that follows them: one GEMV of
@@ -304,6 +344,7 @@ FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
     ("k_rope_into_attention", k_rope_into_attention),
     ("rope_into_attention", rope_into_attention),
     ("rope_into_append", rope_into_append),
+    ("norm_into_attention", norm_into_attention),
     ("pair_gemvs", pair_gemvs),
     ("fold_add", fold_add),
     ("norm_into_gemv", norm_into_gemv),

@@ -269,14 +269,40 @@ __device__ __forceinline__ AttnLayout attn_layout(int hd, int kes, int ves, int 
 // kn (NEW_KV's new k row of the kv head, and vn its v row), nrow[0:2 hd) = those rows as the
 // cache stores them, k rotated first when K_ROPE. One loop: one inlined sin/cos (a second copy
 // raised the register pressure of every device function, NOTES v11).
-template <class TQ, class TK, class TV, class TN, class TF>
+// QKN (folds.norm_into_attention): q's heads (QN_ARG > 0) and/or the new k row (KN_ARG > 0) are
+// RMS-normalised here first, per head, with the weight at P[QN_ARG] / P[KN_ARG]: op_rmsnorm's
+// formula, summation order and rounding (rms_rows_warp), so the bits of the unfused steps.
+template <bool QKN, class T>
+__device__ __forceinline__ float attn_in(const T* src, int i, int hd, const float* rs, const T* w) {
+  const float x = to_f(src[i]);
+  return QKN && w ? to_f(from_f<T>((x * rs[i / hd]) * to_f(w[i % hd]))) : x;
+}
+
+template <class TQ, class TK, class TV, class TN, class TF, bool QKN>
 __device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, float* qs, const TQ* q,
                                              int n, int hd, float p, const TN* kn, const TN* vn, float* nrow) {
   const int half = hd / 2, nk = kn ? hd : 0;
+  __shared__ float nrs[9];                           // QKN: 1 / rms of each q head of the pass, then k
+  const TQ* wq = QKN && d.ip[P_ATTN_QN_ARG] ? (const TQ*)P[d.ip[P_ATTN_QN_ARG]] : nullptr;
+  const TN* wk = QKN && kn && d.ip[P_ATTN_KN_ARG] ? (const TN*)P[d.ip[P_ATTN_KN_ARG]] : nullptr;
+  if (QKN) {
+    const int nq = n / hd, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (w < nq + 1 && (w < nq ? wq != nullptr : wk != nullptr)) {
+      float ss = 0.f;
+      for (int i = lane; i < hd; i += 32) {
+        const float x = w < nq ? to_f(q[w * hd + i]) : to_f(kn[i]);
+        ss += x * x;
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) nrs[w] = rsqrtf(ss / (float)hd + d.fp[F_ATTN_QKN_EPS]);
+    }
+    __syncthreads();
+  }
+  const float* k_rs = nrs + n / hd;
   for (int i = threadIdx.x; i < n + nk; i += NT) {
     const bool isk = i >= n;
     const int ii = isk ? i - n : i, j = ii % hd;
-    const float x = isk ? to_f(kn[ii]) : to_f(q[ii]);
+    const float x = isk ? attn_in<QKN>(kn, ii, hd, k_rs, wk) : attn_in<QKN>(q, ii, hd, nrs, wq);
     float r = x;
     if (d.ip[isk ? P_ATTN_K_ROPE : P_ATTN_Q_ROPE]) {
       const int fj = j < half ? j : j - half, pi = j < half ? ii + half : ii - half;
@@ -284,7 +310,7 @@ __device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, 
                                                : rope_inv_pow(d.fp[F_ATTN_THETA], fj, half);
       float sn, cs;
       sincosf(p * inv, &sn, &cs);                    // one range reduction for both
-      const float xp = isk ? to_f(kn[pi]) : to_f(q[pi]);
+      const float xp = isk ? attn_in<QKN>(kn, pi, hd, k_rs, wk) : attn_in<QKN>(q, pi, hd, nrs, wq);
       const float o = j < half ? x * cs - xp * sn : x * cs + xp * sn;
       r = isk ? to_f(from_f<TN>(o)) : to_f(from_f<TQ>(o));
     }
@@ -314,7 +340,7 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
 // 4-byte V read and HGP/4 16-byte reads (NOTES v10: the old loop was an LDS latency chain).
 // AMK_MARK (profile builds; a pass's last chunk): 0 entered, 1 K/V copies issued, 2 q staged,
 // 3 K landed, 4 scores, 5 softmax and V landed, 6 P.V, 7 written.
-template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, int HDC, bool CAP>
+template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, int HDC, bool CAP, bool QKN = false>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;
   const int hd = HDC, nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];   // HDC: the head dim, a constant
@@ -359,7 +385,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         // NEW_KV: the window holds pos (hi = pos + 1): the new rows, to smem (registers spill)
         const int new_r = d.ip[P_ATTN_NEW_KV] && n > 0 && hi == pos + 1 ? n - 1 : -1;   // its row - lo
         const long long nro = ((long long)b * nkv + g) * hd;
-        attn_stage_q<TQ, TK, TV, TN, TF>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos,
+        attn_stage_q<TQ, TK, TV, TN, TF, QKN>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos,
                                          new_r >= 0 ? (const TN*)P[4] + nro : nullptr,
                                          new_r >= 0 ? (const TN*)P[5] + nro : nullptr, nrow);
         AMK_MARK(2);
