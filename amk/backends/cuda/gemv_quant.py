@@ -2,11 +2,11 @@
 GEMVs take it, and its rows an item.
 
 Every batch-1 GEMV of int8, packed int4 or fp8 E4M3 weights whose 16-byte vectors each lie in
-one group (of a power-of-two size, or one a row) takes it (op_gemv_mma stays for batches, which reuse each weight vector for many rows
-of x): its weights stream at op_gemv_direct's depth (16 loads a lane in flight, against the
-mma's 4), dequantised in registers. An item is RI weight rows x one K segment of 2048 weights;
-RI (at most 16 // GU) is the fewest rows that keep the fewest rounds of items a warp: a small
-tile spreads over the warps, a large one keeps 16 loads a lane in flight.
+one group (of a power-of-two size, or one a row) takes it; op_gemv_mma stays for batches, which
+reuse each weight vector for many rows of x. Its weights stream at op_gemv_direct's depth (16
+loads a lane in flight, 12 for int4, against the mma's 4), dequantised in registers. An item is RI weight rows x one K segment of
+2048 weights; RI is the fewest rows that keep the fewest rounds of items a warp: a small tile
+spreads over the warps, a large one keeps all its loads a lane in flight.
 """
 from __future__ import annotations
 
@@ -32,11 +32,12 @@ def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
 
 
 def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> int:
-    """RI (a multiple of nmat, 16 loads a lane at most, 8 with zeros): the fewest rows an item that still
-    takes the fewest rounds of items a warp, so the tile's loads spread over the most warps."""
+    """RI (a multiple of nmat, LOADS loads a lane at most, 8 with zeros): the fewest rows an
+    item that still takes the fewest rounds of items a warp, so the tile's loads spread over
+    the most warps."""
     nseg = -(-K // SEGMENT)
     cap = 8 if zeros else LOADS[qmode]
-    options = [ri for ri in (8, 6, 4, 2, 1) if ri * GU[qmode] <= cap and ri % nmat == 0]
+    options = [ri for ri in (6, 4, 2, 1) if ri * GU[qmode] <= cap and ri % nmat == 0]
 
     def rounds(ri: int) -> int:
         return -(-(-(-n_tile // (ri // nmat)) * nseg) // NWARPS)

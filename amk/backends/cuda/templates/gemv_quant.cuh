@@ -1,6 +1,6 @@
 // The batch-1 GEMV of weight-only quantized weights on CUDA cores (gemv_quant.py chooses it):
 // int8, packed int4 or fp8 E4M3 with group scales (+ zeros), seed layout (quant.py), streamed as
-// op_gemv_direct streams float weights: 16 direct 16-byte loads a lane in flight, dequantised in
+// op_gemv_direct streams float weights: up to 16 direct 16-byte loads a lane in flight, dequantised in
 // registers against x in shared memory (fp32), the group scale on each vector's partial sum.
 
 // QMODE 1 int8 / 3 fp8: 16 weights a 16-byte vector; 2 int4: 32. GU vectors a row a lane: an
