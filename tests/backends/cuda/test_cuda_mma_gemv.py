@@ -32,6 +32,29 @@ def _steps(low, d):
     return low.tasks[int(d["sub_begin"]):int(d["sub_begin"]) + int(d["n_sub"])] if int(d["n_sub"]) else [d]
 
 
+def step_kinds(prog, low) -> dict[str, set]:
+    """The program's tasks by what they compute (wq, lm_head, silu_mul, add ...; a quantized
+    weight's ".q" dropped): the set of their steps' (function, NMAT, EPI, NORM)."""
+    kinds = {}
+    for t in prog.tasks:
+        d = low.tasks[t.id]
+        fns = [low.variants[int(s["variant"])] for s in _steps(low, d) if int(s["variant"]) >= 0]
+        name = t.name.split(" @")[0].split("(")[-1].rstrip(")").removesuffix(".q").split(".")[-1]
+        kinds.setdefault(name, set()).add(tuple((v.fn, v.arg("nmat"), v.arg("epi"), v.arg("norm")) for v in fns))
+    return kinds
+
+
+def assert_folded_llama_step(kinds: dict[str, set], fn: str) -> None:
+    """Every linear is fn: q/k/v and the LM head with their norm, gate/up/silu one GEMV of two
+    matrices, o (after the combine) and down with the residual add, the LM head's argmax
+    partials reduced by one op_argmax_parts."""
+    assert kinds["wq"] == kinds["wk"] == kinds["wv"] == {((fn, 1, 0, True),)}
+    assert kinds["lm_head"] == {((fn, 1, 3, True),)}
+    assert kinds["silu_mul"] == {((fn, 2, 2, True),)}
+    assert kinds["add"] == {(("op_combine", None, None, None), (fn, 1, 1, False)), ((fn, 1, 1, False),)}
+    assert kinds["argmax"] == {(("op_argmax_parts", None, None, None),)}
+
+
 def test_every_mma_case_takes_op_gemv_mma():
     """Batched bf16 GEMVs and batched quantized GEMVs of bf16 x, odd K and tiles; a group
     smaller than the mma's k-block (32) stays on op_gemv; batch 1 quantized takes
@@ -67,18 +90,7 @@ def test_a_batched_step_folds_as_the_batch_1_step_does():
     two matrices, o and down add the residual, the LM head's tiles write argmax partials of
     all 16 rows and one op_argmax_parts reduces them."""
     prog, low = _one_layer_1b(16)
-    kinds = {}
-    for t in prog.tasks:
-        d = low.tasks[t.id]
-        fns = [low.variants[int(s["variant"])] for s in _steps(low, d) if int(s["variant"]) >= 0]
-        kinds.setdefault(t.name.split(" @")[0].split("(")[-1].rstrip(")").split(".")[-1],
-                         set()).add(tuple((v.fn, v.arg("nmat"), v.arg("epi"), v.arg("norm")) for v in fns))
-    mma = "op_gemv_mma"
-    assert kinds["wq"] == kinds["wk"] == kinds["wv"] == {((mma, 1, 0, True),)}
-    assert kinds["lm_head"] == {((mma, 1, 3, True),)}
-    assert kinds["silu_mul"] == {((mma, 2, 2, True),)}
-    assert kinds["add"] == {(("op_combine", None, None, None), (mma, 1, 1, False)), ((mma, 1, 1, False),)}
-    assert kinds["argmax"] == {(("op_argmax_parts", None, None, None),)}
+    assert_folded_llama_step(step_kinds(prog, low), "op_gemv_mma")
     (am,) = [low.tasks[t.id] for t in prog.tasks if t.op == K.SAMPLE_ARGMAX]
     assert (int(am["ip"][abi.ip_index("ARGMAX", "ROWS")]), int(am["ip"][abi.ip_index("ARGMAX", "V")])) == (16, 132)
     slots = low.tasks["ip"][:, abi.ip_index("GEMV", "ARG_SLOTS")]

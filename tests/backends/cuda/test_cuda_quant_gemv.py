@@ -17,6 +17,7 @@ from amk.backends.cuda.lower import lower_program
 from amk.models.presets import LLAMA_3_2_1B, random_model
 from amk.testing import quant_examples
 from amk.testing.cuda_examples import combined_program
+from tests.backends.cuda.test_cuda_mma_gemv import assert_folded_llama_step, step_kinds  # noqa: E402
 
 QMODE = {"int8": 1, "int4": 2, "fp8": 3}
 
@@ -66,28 +67,13 @@ def _one_layer_1b(fmt: str, group: int = 128):
     return prog, lower_program(prog)
 
 
-def _steps(low, d):
-    return low.tasks[int(d["sub_begin"]):int(d["sub_begin"]) + int(d["n_sub"])] if int(d["n_sub"]) else [d]
-
-
 @pytest.mark.parametrize("fmt,group", [("int8", 128), ("int4", 64), ("fp8", 32)])
 def test_a_quantized_batch1_step_folds_as_the_float_step_does(fmt, group):
     """q/k/v and the LM head take their norm (one step), gate/up/silu are one GEMV of two
     matrices, o and down add the residual, the LM head's tiles write argmax partials: every
     quantized linear is op_gemv_qdirect."""
     prog, low = _one_layer_1b(fmt, group)
-    kinds = {}
-    for t in prog.tasks:
-        d = low.tasks[t.id]
-        fns = [low.variants[int(s["variant"])] for s in _steps(low, d) if int(s["variant"]) >= 0]
-        name = t.name.split(" @")[0].split("(")[-1].rstrip(")").removesuffix(".q").split(".")[-1]
-        kinds.setdefault(name, set()).add(tuple((v.fn, v.arg("nmat"), v.arg("epi"), v.arg("norm")) for v in fns))
-    q = "op_gemv_qdirect"
-    assert kinds["wq"] == kinds["wk"] == kinds["wv"] == {((q, 1, 0, True),)}
-    assert kinds["lm_head"] == {((q, 1, 3, True),)}
-    assert kinds["silu_mul"] == {((q, 2, 2, True),)}
-    assert kinds["add"] == {(("op_combine", None, None, None), (q, 1, 1, False)), ((q, 1, 1, False),)}
-    assert kinds["argmax"] == {(("op_argmax_parts", None, None, None),)}
+    assert_folded_llama_step(step_kinds(prog, low), "op_gemv_qdirect")
     assert not any(v.fn in ("op_gemv_mma", "op_gemv") for v in low.variants)
 
 
