@@ -170,8 +170,8 @@ def rope_into_append(f: Fused) -> Fused:
 
 
 def pair_gemvs(f: Fused) -> Fused:
-    """gate GEMV, up GEMV (one op_gemv_direct, op_gemv_qdirect or op_gemv_mma variant, same x and row tile,
-    scratch outputs) and the SILU_MUL of exactly those two tiles that follows them: one GEMV of
+    """gate GEMV, up GEMV (one op_gemv_direct, op_gemv_qdirect or op_gemv_mma variant, same x
+    and row tile, scratch outputs) and the SILU_MUL of exactly those two tiles that follows them: one GEMV of
     NMAT=2 that computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is
     staged once and neither tile goes through scratch. op_gemv_mma: its plan for twice the sums,
     quantized matrices' scales (and zeros) after the weights."""
@@ -237,8 +237,8 @@ def fold_add(f: Fused) -> Fused:
 
 def norm_into_gemv(f: Fused) -> Fused:
     """A one-row RMSNorm into the GEMVs' shared-memory x (TO_SMEM) and the op_gemv_direct (or
-    op_gemv_qdirect) right after it: one such GEMV (NORM) that normalises x itself (rms_row, the same bits), so
-    the task is one step, not a FUSED pair (the step boundary cost ~1 us a task on an H200:
+    op_gemv_qdirect) right after it: one such GEMV (NORM) that normalises x itself (rms_row, the
+    same bits), so the task is one step, not a FUSED pair (the step boundary cost ~1 us a task on an H200:
     q/k/v and gate/up tasks, NOTES v12). Its args: the norm's input row in place of x, the
     norm's weight appended last (never with the ADD epilogue, whose residual is last); the
     GEMVs after it still read x from shared memory. Runs after fold_add."""

@@ -4,9 +4,10 @@ GEMVs take it, and its rows an item.
 Every batch-1 GEMV of int8, packed int4 or fp8 E4M3 weights whose 16-byte vectors each lie in
 one group (of a power-of-two size, or one a row) takes it; op_gemv_mma stays for batches, which
 reuse each weight vector for many rows of x. Its weights stream at op_gemv_direct's depth (16
-loads a lane in flight, 12 for int4, against the mma's 4), dequantised in registers. An item is RI weight rows x one K segment of
-2048 weights; RI is the fewest rows that keep the fewest rounds of items a warp: a small tile
-spreads over the warps, a large one keeps all its loads a lane in flight.
+loads a lane in flight, 12 for int4, against the mma's 4), dequantised in registers. An item is
+RI weight rows x one K segment of 2048 weights; RI is the fewest rows that keep the fewest
+rounds of items a warp: a small tile spreads over the warps, a large one keeps all its loads a
+lane in flight.
 """
 from __future__ import annotations
 
@@ -53,4 +54,5 @@ def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, tr="float
 
 def replan(v: Variant, ip: dict, nmat: int) -> Variant:
     """The variant of an op_gemv_qdirect step once it runs nmat matrices (pair_gemvs)."""
-    return v.with_(nmat=nmat, ri=rows_per_item(v.arg("qmode"), nmat, ip["N_TILE"], ip["K"], v.arg("zeros")))
+    ri = rows_per_item(v.arg("qmode"), nmat, ip["N_TILE"], ip["K"], v.arg("zeros"))
+    return v.with_(nmat=nmat, ri=ri)

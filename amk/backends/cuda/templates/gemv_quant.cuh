@@ -1,7 +1,8 @@
 // The batch-1 GEMV of weight-only quantized weights on CUDA cores (gemv_quant.py chooses it):
 // int8, packed int4 or fp8 E4M3 with group scales (+ zeros), seed layout (quant.py), streamed as
-// op_gemv_direct streams float weights: up to 16 direct 16-byte loads a lane in flight, dequantised in
-// registers against x in shared memory (fp32), the group scale on each vector's partial sum.
+// op_gemv_direct streams float weights: up to 16 direct 16-byte loads a lane in flight,
+// dequantised in registers against x in shared memory (fp32), the group scale on each 32-bit
+// word's partial sum.
 
 // QMODE 1 int8 / 3 fp8: 16 weights a 16-byte vector; 2 int4: 32. GU vectors a row a lane: an
 // item's K segment is 32 x GU x VW = 2048 weights, and RI rows x GU = 16 loads at most (8 with
@@ -25,7 +26,8 @@ __device__ __forceinline__ void fp8x2_to_f32(unsigned h, float& lo, float& hi) {
 #if __CUDA_ARCH__ >= 890
   unsigned p;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(p) : "h"((unsigned short)h));
-  asm("{.reg .f16 l, u;\n mov.b32 {l, u}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, u;}" : "=f"(lo), "=f"(hi) : "r"(p));
+  asm("{.reg .f16 l, u;\n mov.b32 {l, u}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, u;}"
+      : "=f"(lo), "=f"(hi) : "r"(p));
 #else
   lo = fp8e4m3_to_f(h & 0xffu); hi = fp8e4m3_to_f((h >> 8) & 0xffu);
 #endif
@@ -66,7 +68,7 @@ __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const
 // dequant(W)[r, k] = (q - zero[r, k / group]) scale[r, k / group] (the last group repeats).
 // The tile is a list of items: RI rows (RI / NMAT consecutive rows of each matrix) x one K
 // segment of 32 lanes x GU vectors; warp w takes items w, w + NWARPS, ... (RI: gemv_quant.py,
-// the most rows that still give every warp an item). Each item's sums land in part[] as
+// the fewest rows at the fewest rounds of items a warp). Each item's sums land in part[] as
 // op_gemv_direct's, and EPI, NORM and the x staging are op_gemv_direct's (direct_x,
 // direct_epilogue). A vector lies in one group (k's group: k >> GSHIFT, clamped to the last).
 // P: x, W_1..W_NMAT, scales_1..NMAT, [zeros_1..NMAT], [bias (BIAS_AT)], [residual | NORM's
@@ -75,7 +77,8 @@ template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, 
           class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float, int RN = RMS_RN>
 __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
-  static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS ? 8 : 16), "RI rows of NMAT matrices, 16 loads a lane at most (8 with zeros)");
+  static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS ? 8 : 16),
+                "RI rows of NMAT matrices, 16 loads a lane at most (8 with zeros)");
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const int gshift = d.ip[P_GEMV_GSHIFT], ng = d.ip[P_GEMV_NGROUPS];
   const long long rbytes = d.ip[P_GEMV_LDW];
