@@ -36,8 +36,9 @@ def _fp8_codes(shape):
     return f
 
 
-def _quant_case(fmt: str, M: int, N: int, Kd: int, group: int, zeros: bool, bias: bool,
-                n_off: int, n_tile: int) -> Case:
+def quant_case(fmt: str, M: int, N: int, Kd: int, group: int, zeros: bool, bias: bool,
+               n_off: int, n_tile: int, prefix: str = "mma") -> Case:
+    """One quantized GEMV tile of M rows of bf16 x (random codes, scales, integer zeros)."""
     ng = math.ceil(Kd / group)
     if fmt == "int8":
         q = ("qw", BK.WEIGHT, D.I8, (N, Kd))
@@ -61,7 +62,7 @@ def _quant_case(fmt: str, M: int, N: int, Kd: int, group: int, zeros: bool, bias
         fill["bias"] = _rand((N,), torch.bfloat16)
         params["bias"] = True
     op = K.GEMV_TILE if M == 1 else K.GEMM_TILE
-    name = f"mma_{fmt}_m{M}_k{Kd}_g{group}{'_z' if zeros else ''}{'_bias' if bias else ''}"
+    name = f"{prefix}_{fmt}_m{M}_k{Kd}_g{group}{'_z' if zeros else ''}{'_bias' if bias else ''}"
     return _single(name, op, ins, [("y", BK.IO_OUTPUT, D.BF16, (M, N))], params, fill)
 
 
@@ -80,5 +81,5 @@ def cases() -> list[Case]:
             ("int4", 16, 96, 32, True, False), ("int4", 8, 2048, 2048, False, False),
             ("fp8", 1, 512, 128, False, False), ("fp8", 5, 1040, 64, False, True),
             ("fp8", 16, 96, 32, False, False), ("fp8", 64, 256, 256, False, False)):
-        C.append(_quant_case(fmt, M, 48, Kd, group, zeros, bias, 5, 33))
+        C.append(quant_case(fmt, M, 48, Kd, group, zeros, bias, 5, 33))
     return C

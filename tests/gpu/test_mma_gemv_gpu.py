@@ -1,7 +1,10 @@
-"""The tensor-core GEMV (op_gemv_mma) on the GPU against the reference semantics: every case of
-amk.testing.mma_examples (batched bf16 at M in {2, 5, 8, 16, 64}, int8 / int4 / fp8 weights at
-batch 1 and batched, odd K and tiles; outputs poisoned with NaN first), and whole Llama-shaped
-steps at batch 2-64 and quantized, against the reference VM on the same GPU."""
+"""The tensor-core GEMV (op_gemv_mma) and the batch-1 quantized GEMV (op_gemv_qdirect) on the
+GPU against the reference semantics: every case of amk.testing.mma_examples (batched bf16 at M
+in {2, 5, 8, 16, 64}, int8 / int4 / fp8 weights batched, odd K and tiles) and of
+amk.testing.quant_examples (batch 1: every format x groups 32 / 64 / 128 / one a row x zeros,
+biases, odd K and tiles), outputs poisoned with NaN first; and whole Llama-shaped steps at
+batch 2-64 and quantized (batch 1 at several groups too), against the reference VM on the same
+GPU."""
 from dataclasses import replace
 
 import pytest
@@ -15,10 +18,10 @@ from amk.program.ir import BufferKind  # noqa: E402
 from amk.backends.cuda.runtime import CudaProgram  # noqa: E402
 from amk.backends.reference.semantics import RefCtx, semantics_for  # noqa: E402
 from amk.models.presets import LLAMA_3_2_1B, random_model  # noqa: E402
-from amk.testing import mma_examples  # noqa: E402
+from amk.testing import mma_examples, quant_examples  # noqa: E402
 from amk.testing.cuda_examples import combined_program  # noqa: E402
 
-CASES = mma_examples.cases()
+CASES = mma_examples.cases() + quant_examples.cases()
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +61,10 @@ def test_mma_gemv_matches_reference(runs, case):
     assert err.max().item() < 2e-2, f"{case}: worst element error {err.max().item():.2e}"
 
 
-def _step_matches_reference(cfg, batch, fmt, pos, seed):
+def _step_matches_reference(cfg, batch, fmt, pos, seed, group=128):
     m = random_model(cfg, device="cuda", max_seq=256, seed=seed)
     if fmt:
-        m.quantize(fmt)
+        m.quantize(fmt, group=group)
     params, token, p, kv = m.example_args(batch)
     g = torch.Generator(device="cuda").manual_seed(seed)
     for layer in kv:
@@ -92,3 +95,10 @@ def test_batched_llama_shape_step_matches_reference_vm(batch):
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
 def test_quantized_llama_shape_step_matches_reference_vm(fmt, batch):
     _step_matches_reference(replace(LLAMA_3_2_1B, n_layers=2, vocab=8192), batch, fmt, 100, seed=8)
+
+
+@pytest.mark.parametrize("group", [32, 64, 8192])      # 8192: one group a row (per channel)
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+def test_quantized_batch1_step_at_other_groups_matches_reference_vm(fmt, group):
+    """op_gemv_qdirect with every fold (norm, gate/up + silu, residual add, argmax partials)."""
+    _step_matches_reference(replace(LLAMA_3_2_1B, n_layers=2, vocab=8192), 1, fmt, 100, seed=9, group=group)

@@ -84,8 +84,9 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # 0; ROWB: bytes of a row the GEMV reads; PITCH: bytes from one row to the next
     # KW, SPI: op_gemv_mma's x window (elements of K) and K segments an item (gemv_batch.py);
     # ARG_SLOTS: its EPI 3 partials a row of x (the argmax's tiles)
+    # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
-             "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS"),
+             "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS", "GSHIFT"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row

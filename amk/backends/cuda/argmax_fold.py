@@ -13,8 +13,8 @@ def _argmax_folds(program: Program) -> tuple[dict[int, tuple[int, list[int]]], i
     """Argmaxes of one row whose every column is written by one GEMV tile (plain, or the final
     step of a FUSED task: the LM head): ({argmax task: (scratch offset of its partials, the tile
     tasks by column)}, scratch bytes of all partials). Each tile reduces the logits it writes
-    to a (value, index) partial in its epilogue (op_gemv_direct EPI 3) and the argmax task
-    reduces the partials (op_argmax_parts): no single SM reads the whole row again (22 us for
+    to a (value, index) partial in its epilogue (op_gemv_direct / op_gemv_qdirect EPI 3) and
+    the argmax task reduces the partials (op_argmax_parts): no single SM reads the whole row again (22 us for
     128K bf16 logits, NOTES v10). Same order (am_better) at both levels: op_argmax's token.
     A batch's rows (op_gemv_mma tiles): a partial per row and tile, [row][tile]; the value is
     (scratch offset, tiles, rows)."""
@@ -70,7 +70,8 @@ class ArgmaxFolds:
             slot, off, n, rows, logits = self.slots[t.id]
             parts = View((2 * n * rows,), DType.F32, (REF_SCRATCH, off), None)
             for i, (e, a, o) in enumerate(steps):
-                fn_ok = (e.is_fn("op_gemv_direct") and rows == 1) or e.is_fn("op_gemv_mma")
+                batch1 = e.is_fn("op_gemv_direct") or e.is_fn("op_gemv_qdirect")
+                fn_ok = (batch1 and rows == 1) or e.is_fn("op_gemv_mma")
                 if (fn_ok and e.variant.arg("nmat") == 1
                         and e.variant.arg("epi") == 0 and len(o) == 1
                         and o[0].ref == (REF_BUFFER, logits)):

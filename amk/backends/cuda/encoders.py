@@ -7,7 +7,7 @@ import math
 
 from amk.program.ir import BufferKind, DType, InstructionKind as K
 from amk.program.regions import NEW_KV, combine_partials
-from amk.backends.cuda import abi, gemv_batch
+from amk.backends.cuda import abi, gemv_batch, gemv_quant
 from amk.backends.cuda.smem import XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
                                      int_input)
@@ -179,10 +179,17 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     has_bias = bias_at > 0
     row_bytes = ldw * w.esize
     direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
-              and _direct_fits(Kd, n_tile, Kd * w.esize // 16))
+              and _direct_fits(Kd, n_tile, -(-Kd * w.esize // 4096)))
+    gshift = gemv_quant.group_shift(qmode, group, ngroups) if quant else None
+    qdirect = (quant and vec and M == 1 and w_ro and gshift is not None
+               and _direct_fits(Kd, n_tile, -(-Kd // gemv_quant.SEGMENT)))
     mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
-           if gemv_batch.scales_vectors(qmode, group, ngroups) else None)
-    if mma is not None and not direct:
+           if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
+    if qdirect:
+        var = gemv_quant.gemv_qdirect(tx=ftype(t, x.dtype), ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode,
+                                      nmat=1, epi=0, bias=has_bias, zeros=zeros is not None,
+                                      ri=gemv_quant.rows_per_item(qmode, 1, n_tile, Kd, zeros is not None))
+    elif mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
                                   bias=has_bias, zeros=zeros is not None, nb=mma.nb)
     elif direct:
@@ -196,6 +203,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                 NGROUPS=ngroups, BIAS_AT=bias_at)
     if var.fn == "op_gemv_mma":
         e.ip.update(gemv_batch.plan_ip(mma))
+    if qdirect:
+        e.ip["GSHIFT"] = gshift
     return e
 
 
@@ -213,10 +222,10 @@ def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: 
     return gemv_batch.plan(M, Kd, n_tile, 1, qmode)
 
 
-def _direct_fits(Kd: int, n_tile: int, nv: int) -> bool:
-    """x (fp32) and op_gemv_direct's sums (one per row and K segment of 256 vectors) fit in the
-    work area, also once the tile is paired with another (pair_gemvs)."""
-    return -(-Kd // 4) * 4 + 2 * n_tile * -(-nv // 256) <= XS_MAX
+def _direct_fits(Kd: int, n_tile: int, nseg: int) -> bool:
+    """x (fp32) and op_gemv_direct's / op_gemv_qdirect's sums (one per row and K segment) fit in
+    the work area, also once the tile is paired with another (pair_gemvs)."""
+    return -(-Kd // 4) * 4 + 2 * n_tile * nseg <= XS_MAX
 
 
 def _enc_norm(t, op, ins, outs, p) -> Encoded:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Callable
 
 from amk.program.ir import DType, InstructionKind as K
-from amk.backends.cuda import abi, gemv_batch
+from amk.backends.cuda import abi, gemv_batch, gemv_quant
 from amk.backends.cuda.smem import NTHREADS, XS_MAX
 from amk.backends.cuda.steps import (FLOATS, REF_SCRATCH, RMS_RN, Encoded, Fused, Variant, ctype,
                                      ftype)
@@ -210,8 +210,8 @@ def norm_into_attention(f: Fused) -> Fused:
 
 
 def pair_gemvs(f: Fused) -> Fused:
-    """gate GEMV, up GEMV (one op_gemv_direct or op_gemv_mma variant, same x and row tile,
-    scratch outputs) and the SILU_MUL of exactly those two tiles that follows them: one GEMV of
+    """gate GEMV, up GEMV (one op_gemv_direct, op_gemv_qdirect or op_gemv_mma variant, same x
+    and row tile, scratch outputs) and the SILU_MUL of exactly those two tiles that follows them: one GEMV of
     NMAT=2 that computes silu(gate) * up from its sums and writes the SILU_MUL's output. x is
     staged once and neither tile goes through scratch. op_gemv_mma: its plan for twice the sums,
     quantized matrices' scales (and zeros) after the weights."""
@@ -238,6 +238,8 @@ def pair_gemvs(f: Fused) -> Fused:
                 return None
             ga = ga.with_(nb=p.nb)
             ip.update(gemv_batch.plan_ip(p))
+        elif ga.fn == "op_gemv_qdirect":   # an item's rows: half of them from each matrix
+            ga = gemv_quant.replan(ga, ip, nmat=2)
         e = Encoded(a.op, ga.with_(nmat=2, epi=2, to=ftype(None, co[0].dtype)), ip, dict(a.fp), a.group)
         gate, up = (aa, ba) if ca[0].ref == ao[0].ref else (ba, aa)
         # quantized: x, the weights, their scales, their zeros (op_gemv_mma's P order)
@@ -246,7 +248,7 @@ def pair_gemvs(f: Fused) -> Fused:
 
 
 def fold_add(f: Fused) -> Fused:
-    """A batch-1 GEMV tile (op_gemv or op_gemv_direct) into a scratch that only
+    """A batch-1 GEMV tile (op_gemv, op_gemv_direct or op_gemv_qdirect) into a scratch that only
     the next step reads, an ADD of that tile and a residual at the same columns (o + h, down +
     h): the GEMV adds the residual (appended as its last input) itself and writes the ADD's
     output. Runs after pair_gemvs."""
@@ -254,7 +256,7 @@ def fold_add(f: Fused) -> Fused:
         (g, ga, go), (a, aa, ao) = window
         y = go[0]
         plain = g.is_fn("op_gemv") and g.ip.get("M") == 1
-        direct = ((g.is_fn("op_gemv_direct") or g.is_fn("op_gemv_mma"))
+        direct = ((_direct(g) or g.is_fn("op_gemv_mma"))
                   and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0)
         if not ((plain or direct) and a.op == int(K.ADD)
                 and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD")
@@ -274,9 +276,9 @@ def fold_add(f: Fused) -> Fused:
 
 
 def norm_into_gemv(f: Fused) -> Fused:
-    """A one-row RMSNorm into the GEMVs' shared-memory x (TO_SMEM) and the op_gemv_direct right
-    after it: one op_gemv_direct (NORM) that normalises x itself (rms_row, the same bits), so
-    the task is one step, not a FUSED pair (the step boundary cost ~1 us a task on an H200:
+    """A one-row RMSNorm into the GEMVs' shared-memory x (TO_SMEM) and the op_gemv_direct (or
+    op_gemv_qdirect) right after it: one such GEMV (NORM) that normalises x itself (rms_row, the
+    same bits), so the task is one step, not a FUSED pair (the step boundary cost ~1 us a task on an H200:
     q/k/v and gate/up tasks, NOTES v12). Its args: the norm's input row in place of x, the
     norm's weight appended last (never with the ADD epilogue, whose residual is last); the
     GEMVs after it still read x from shared memory. Runs after fold_add."""
@@ -285,7 +287,7 @@ def norm_into_gemv(f: Fused) -> Fused:
     def fold(window, later):
         (n, na, no), (g, ga, go) = window
         if not (n.op == int(K.RMSNORM) and n.ip.get("TO_SMEM") and n.ip["ROWS"] == 1
-                and n.ip["H"] <= RMS_RN * nt and g.is_fn("op_gemv_direct") and g.ip.get("XS_READY")
+                and n.ip["H"] <= RMS_RN * nt and _direct(g) and g.ip.get("XS_READY")
                 and g.variant.arg("epi") != 1 and not g.variant.arg("norm") and ga[0].ref == no[0].ref
                 and na[0].dtype in FLOATS and na[1].dtype in FLOATS):
             return None
@@ -334,7 +336,8 @@ def _with_ip(e: Encoded, **ip) -> Encoded:
 
 
 def _direct(e: Encoded) -> Variant | None:
-    return e.variant if e.is_fn("op_gemv_direct") else None
+    """The variant of a batch-1 direct GEMV (float weights, or quantized: op_gemv_qdirect)."""
+    return e.variant if e.is_fn("op_gemv_direct") or e.is_fn("op_gemv_qdirect") else None
 
 
 # In this order: the scratch analyses (norm_into_smem) look at single-output steps as the

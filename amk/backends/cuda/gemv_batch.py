@@ -2,9 +2,10 @@
 its shared memory is planned.
 
 It runs the batched float GEMVs (bf16 x and weights, M > 1 rows of x: each weight vector is
-read once for all rows of a pass, not once per 4 rows as op_gemv does) and every quantized
-GEMV of bf16 x (int8, packed int4, fp8 E4M3, batch 1 too): the weights are dequantised in
-registers after one direct load, as op_gemv_direct loads float weights.
+read once for all rows of a pass, not once per 4 rows as op_gemv does) and the batched
+quantized GEMVs of bf16 x (int8, packed int4, fp8 E4M3; batch 1 takes op_gemv_qdirect,
+gemv_quant.py, where it can): the weights are dequantised in registers after one direct load,
+as op_gemv_direct loads float weights.
 
 The work area [0, PRE_OFF) holds x as bf16 (MP rows of a window of KW elements of K, each row
 padded against bank conflicts), the sums (NMAT x rows x MP x CH chunks, fp32) and the norm's

@@ -1,7 +1,7 @@
 """The tensor-core GEMV (op_gemv_mma, templates/gemv_batch.cuh, gemv_batch.py) on the CPU: which
 GEMVs take it, its shared-memory plans, the folds of a batched step (norm, gate/up + silu,
-residual add, argmax partials for every row), and that the batched and quantized steps compile
-for sm_90a without spills (the GPU test against the reference is tests/gpu/test_mma_gemv_gpu.py)."""
+residual add, argmax partials for every row), and that the batched steps compile for sm_90a
+without spills (the GPU test against the reference is tests/gpu/test_mma_gemv_gpu.py)."""
 import re
 from dataclasses import replace
 
@@ -32,11 +32,38 @@ def _steps(low, d):
     return low.tasks[int(d["sub_begin"]):int(d["sub_begin"]) + int(d["n_sub"])] if int(d["n_sub"]) else [d]
 
 
+def step_kinds(prog, low) -> dict[str, set]:
+    """The program's tasks by what they compute (wq, lm_head, silu_mul, add ...; a quantized
+    weight's ".q" dropped): the set of their steps' (function, NMAT, EPI, NORM)."""
+    kinds = {}
+    for t in prog.tasks:
+        d = low.tasks[t.id]
+        fns = [low.variants[int(s["variant"])] for s in _steps(low, d) if int(s["variant"]) >= 0]
+        name = t.name.split(" @")[0].split("(")[-1].rstrip(")").removesuffix(".q").split(".")[-1]
+        kinds.setdefault(name, set()).add(tuple((v.fn, v.arg("nmat"), v.arg("epi"), v.arg("norm")) for v in fns))
+    return kinds
+
+
+def assert_folded_llama_step(kinds: dict[str, set], fn: str) -> None:
+    """Every linear is fn: q/k/v and the LM head with their norm, gate/up/silu one GEMV of two
+    matrices, o (after the combine) and down with the residual add, the LM head's argmax
+    partials reduced by one op_argmax_parts."""
+    assert kinds["wq"] == kinds["wk"] == kinds["wv"] == {((fn, 1, 0, True),)}
+    assert kinds["lm_head"] == {((fn, 1, 3, True),)}
+    assert kinds["silu_mul"] == {((fn, 2, 2, True),)}
+    assert kinds["add"] == {(("op_combine", None, None, None), (fn, 1, 1, False)), ((fn, 1, 1, False),)}
+    assert kinds["argmax"] == {(("op_argmax_parts", None, None, None),)}
+
+
 def test_every_mma_case_takes_op_gemv_mma():
-    """Batched bf16 GEMVs and quantized GEMVs of bf16 x (batch 1 too), odd K and tiles; a
-    group smaller than the mma's k-block (32) stays on op_gemv."""
+    """Batched bf16 GEMVs and batched quantized GEMVs of bf16 x, odd K and tiles; a group
+    smaller than the mma's k-block (32) stays on op_gemv; batch 1 quantized takes
+    op_gemv_qdirect (tests/backends/cuda/test_cuda_quant_gemv.py)."""
     for case in mma_examples.cases():
         (v,) = lower_program(case.program).variants
+        if "_m1_" in case.name and "bf16" not in case.name:
+            assert v.fn == "op_gemv_qdirect", (case.name, call_text(v))
+            continue
         if "_g32" in case.name:
             assert v.fn == "op_gemv", (case.name, call_text(v))
             continue
@@ -63,18 +90,7 @@ def test_a_batched_step_folds_as_the_batch_1_step_does():
     two matrices, o and down add the residual, the LM head's tiles write argmax partials of
     all 16 rows and one op_argmax_parts reduces them."""
     prog, low = _one_layer_1b(16)
-    kinds = {}
-    for t in prog.tasks:
-        d = low.tasks[t.id]
-        fns = [low.variants[int(s["variant"])] for s in _steps(low, d) if int(s["variant"]) >= 0]
-        kinds.setdefault(t.name.split(" @")[0].split("(")[-1].rstrip(")").split(".")[-1],
-                         set()).add(tuple((v.fn, v.arg("nmat"), v.arg("epi"), v.arg("norm")) for v in fns))
-    mma = "op_gemv_mma"
-    assert kinds["wq"] == kinds["wk"] == kinds["wv"] == {((mma, 1, 0, True),)}
-    assert kinds["lm_head"] == {((mma, 1, 3, True),)}
-    assert kinds["silu_mul"] == {((mma, 2, 2, True),)}
-    assert kinds["add"] == {(("op_combine", None, None, None), (mma, 1, 1, False)), ((mma, 1, 1, False),)}
-    assert kinds["argmax"] == {(("op_argmax_parts", None, None, None),)}
+    assert_folded_llama_step(step_kinds(prog, low), "op_gemv_mma")
     (am,) = [low.tasks[t.id] for t in prog.tasks if t.op == K.SAMPLE_ARGMAX]
     assert (int(am["ip"][abi.ip_index("ARGMAX", "ROWS")]), int(am["ip"][abi.ip_index("ARGMAX", "V")])) == (16, 132)
     slots = low.tasks["ip"][:, abi.ip_index("GEMV", "ARG_SLOTS")]
@@ -90,13 +106,14 @@ def _spills(log: str) -> dict[str, str]:
     return out
 
 
-def _assert_no_spills(prog, scheduler: bool = True):
-    """No ptxas spills in op_gemv_mma (and, scheduler, in the megakernel and its switch)."""
+def _assert_no_spills(prog, scheduler: bool = True, fn: str = "op_gemv_mma"):
+    """No ptxas spills in the GEMV function fn (and, scheduler, in the megakernel and its
+    switch)."""
     res = compile_source(render(prog), "sm_90a")
     lines = _spills(res.log)
-    assert any("op_gemv_mma" in n for n in lines)
+    assert any(fn in n for n in lines)
     for name, line in lines.items():
-        if scheduler or "op_gemv_mma" in name:
+        if scheduler or fn in name:
             assert "0 bytes spill stores, 0 bytes spill loads" in line, (name, line)
 
 
@@ -105,11 +122,12 @@ def test_batched_1b_steps_compile_without_spills(batch):
     _assert_no_spills(_one_layer_1b(batch)[0])
 
 
-@pytest.mark.parametrize("batch,fmt", [(1, "int8"), (1, "int4"), (1, "fp8"), (16, "int8")])
-def test_quantized_1b_steps_compile_without_gemv_spills(batch, fmt):
-    """The scheduler of a quantized step spills 12-36 bytes (ptxas's allocation across the
-    call; not the GEMVs, not in the float steps): test_the_quantized_scheduler_does_not_spill."""
-    _assert_no_spills(_one_layer_1b(batch, fmt)[0], scheduler=False)
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+def test_batched_quantized_1b_steps_compile_without_gemv_spills(fmt):
+    """The scheduler of a batched quantized step spills 12-36 bytes (ptxas's allocation across
+    the call; not the GEMVs, not in the float steps): test_the_quantized_scheduler_does_not_spill.
+    Batch 1: test_cuda_quant_gemv.py."""
+    _assert_no_spills(_one_layer_1b(16, fmt)[0], scheduler=False)
 
 
 @pytest.mark.xfail(strict=True, reason="ptxas: the scheduler of a quantized step spills 12-36 B")
@@ -127,7 +145,8 @@ def test_a_small_shape_compiles_without_spills(batch, fmt, group):
     m = random_model(replace(TINY_LLAMA, dtype=torch.bfloat16))
     if fmt:
         m.quantize(fmt, group=group)
-    _assert_no_spills(m.lower(backend="cuda", batch=batch).program)
+    _assert_no_spills(m.lower(backend="cuda", batch=batch).program,
+                      fn="op_gemv_qdirect" if fmt and batch == 1 else "op_gemv_mma")
 
 
 def test_the_mma_cases_compile_for_sm90a():

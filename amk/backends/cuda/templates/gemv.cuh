@@ -234,6 +234,56 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
   }
 }
 
+// The batch-1 GEMVs' x (op_gemv_direct, op_gemv_qdirect): the RMSNorm of P[0] with weight
+// P[n_in - 1] (NORM), else P[0] as fp32, unless a norm before left it in smem (XS_READY).
+template <class TX, bool NORM, class NX, class NW, int RN>
+__device__ __forceinline__ void direct_x(const TaskDesc& d, void* const* P, float* xs, int Kd) {
+  if (NORM) rms_row<NX, NW, TX, RN>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
+  else if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, (const TX*)P[0], Kd);
+}
+
+// EPI 1: this thread's residual (the last input), loaded with x, not after the sums (0: loaded
+// in the epilogue, the tile has more rows than threads).
+template <class TR, int EPI>
+__device__ __forceinline__ float direct_residual(const TaskDesc& d, void* const* P, int n_off, int n_tile) {
+  return EPI == 1 && n_tile <= NT && threadIdx.x < n_tile ? to_f(((const TR*)P[d.n_in - 1])[n_off + threadIdx.x]) : 0.f;
+}
+
+// The batch-1 GEMVs' epilogue EPI (op_gemv_direct's comment) over the sums in part[(mat n_tile
+// + row) nseg + segment], each row's segments added in order.
+template <class TY, class TS, int NMAT, int EPI, bool BIAS, class TR, class TO>
+__device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* P, const float* part, const TS* bias,
+                                                int n_off, int n_tile, int nseg, float rv) {
+  const TR* res = (const TR*)P[d.n_in - 1];
+  const bool res_early = EPI == 1 && n_tile <= NT;
+  float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;   // EPI 3
+  for (int r = threadIdx.x; r < (EPI == 2 ? n_tile : NMAT * n_tile); r += NT) {
+    float s = 0.f;
+    // not unrolled: nseg is 1-4, and the unrolled copies were never-run code in a hot function
+#pragma unroll 1
+    for (int k = 0; k < nseg; k++) s += part[r * nseg + k];
+    const int mat = r / n_tile, row = r - mat * n_tile, col = n_off + row;
+    if (EPI == 2) {
+      float u = 0.f;
+#pragma unroll 1
+      for (int k = 0; k < nseg; k++) u += part[(n_tile + r) * nseg + k];
+      ((TO*)P[d.n_in])[col] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
+    } else {
+      if (BIAS) s += to_f(bias[col]);
+      if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + (res_early ? rv : to_f(res[col])));
+      else ((TY*)P[d.n_in + mat])[col] = from_f<TY>(s);
+      if (EPI == 3 && am_better(to_f(from_f<TY>(s)), col, best, bi)) { best = to_f(from_f<TY>(s)); bi = col; }
+    }
+  }
+  if (EPI == 3) {
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) {
+      float* part = (float*)P[d.n_in + 1] + 2 * d.ip[P_GEMV_ARG_SLOT];
+      part[0] = best; part[1] = __int_as_float(bi);
+    }
+  }
+}
+
 // The batch-1 GEMV of float weights (the default for M == 1): y_m[n_off + r] = x . W_m[n_off + r]
 // for NMAT matrices sharing x (gate and up are one task). The tile is a list of items: two rows
 // (NMAT == 2: row r of each matrix; NMAT == 1: rows 2i, 2i+1) x one K segment of 32 lanes x GU
@@ -264,18 +314,14 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   const long long rbytes = (long long)d.ip[P_GEMV_LDW] * (long long)sizeof(TW);
   const int nv = Kd / VecN<TW>::N, nseg = (nv + 32 * GU - 1) / (32 * GU);
   const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2, items = groups * nseg;
-  const TX* x = (const TX*)P[0];
   float* xs = (float*)smem;
   float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
   const int warp = threadIdx.x >> 5;
-  const TR* res = (const TR*)P[d.n_in - 1];
   // ADD: the residual of this thread's output loaded now, with x, not after the sums
-  const bool res_early = EPI == 1 && n_tile <= NT;
-  const float rv = res_early && threadIdx.x < n_tile ? to_f(res[n_off + threadIdx.x]) : 0.f;
+  const float rv = direct_residual<TR, EPI>(d, P, n_off, n_tile);
   AMK_MARK(0);
   const int pr = AMK_PRE && PRE ? d.ip[P_GEMV_PRE] : 0;
-  if (NORM) rms_row<NX, NW, TX, RN>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
-  else if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, x, Kd);
+  direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
   __syncthreads();
   AMK_MARK(1);
   // RING: warp w takes the items q0 + it = w (mod PAGES); warps >= PAGES take none
@@ -299,32 +345,6 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   __syncthreads();
   if (RING) ring_took(q0 + items);
   AMK_MARK(3);
-  const TS* bias = (const TS*)P[1 + NMAT];
-  float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;   // EPI 3
-  for (int r = threadIdx.x; r < (EPI == 2 ? n_tile : NMAT * n_tile); r += NT) {
-    float s = 0.f;
-    // not unrolled: nseg is 1-4, and the unrolled copies were never-run code in a hot function
-#pragma unroll 1
-    for (int k = 0; k < nseg; k++) s += part[r * nseg + k];
-    const int mat = r / n_tile, row = r - mat * n_tile, col = n_off + row;
-    if (EPI == 2) {
-      float u = 0.f;
-#pragma unroll 1
-      for (int k = 0; k < nseg; k++) u += part[(n_tile + r) * nseg + k];
-      ((TO*)P[d.n_in])[col] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
-    } else {
-      if (BIAS) s += to_f(bias[col]);
-      if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + (res_early ? rv : to_f(res[col])));
-      else ((TY*)P[d.n_in + mat])[col] = from_f<TY>(s);
-      if (EPI == 3 && am_better(to_f(from_f<TY>(s)), col, best, bi)) { best = to_f(from_f<TY>(s)); bi = col; }
-    }
-  }
-  if (EPI == 3) {
-    block_argmax(best, bi);
-    if (threadIdx.x == 0) {
-      float* part = (float*)P[d.n_in + 1] + 2 * d.ip[P_GEMV_ARG_SLOT];
-      part[0] = best; part[1] = __int_as_float(bi);
-    }
-  }
+  direct_epilogue<TY, TS, NMAT, EPI, BIAS, TR, TO>(d, P, part, (const TS*)P[1 + NMAT], n_off, n_tile, nseg, rv);
   AMK_MARK(4);
 }

@@ -1,0 +1,58 @@
+"""The batch-1 quantized GEMV on CUDA cores (op_gemv_qdirect, templates/gemv_quant.cuh): which
+GEMVs take it, and its rows an item.
+
+Every batch-1 GEMV of int8, packed int4 or fp8 E4M3 weights whose 16-byte vectors each lie in
+one group (of a power-of-two size, or one a row) takes it; op_gemv_mma stays for batches, which
+reuse each weight vector for many rows of x. Its weights stream at op_gemv_direct's depth (16
+loads a lane in flight, 12 for int4, against the mma's 4), dequantised in registers. An item is
+RI weight rows x one K segment of 2048 weights; RI is the fewest rows that keep the fewest
+rounds of items a warp: a small tile spreads over the warps, a large one keeps all its loads a
+lane in flight.
+"""
+from __future__ import annotations
+
+from amk.backends.cuda.smem import NTHREADS
+from amk.backends.cuda.steps import RMS_RN, Variant
+
+VW = {1: 16, 2: 32, 3: 16}        # weights a 16-byte vector, by QMODE (templates: QVec)
+GU = {1: 4, 2: 2, 3: 4}           # vectors a row a lane an item holds
+LOADS = {1: 16, 2: 12, 3: 16}     # 16-byte loads a lane an item holds at most (int4: 16 spilled)
+SEGMENT = 2048                    # weights of K an item's row covers: 32 lanes x GU x VW
+NWARPS = NTHREADS // 32
+
+
+def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
+    """ip GSHIFT (k >> GSHIFT is k's group, clamped to the last) when each 16-byte weight vector
+    lies in one group (the scale on its partial sum): one group a row, or a power-of-two group
+    of whole vectors; else None (op_gemv_qdirect cannot run it)."""
+    if ngroups == 1:
+        return 30
+    if group % VW[qmode] or group & (group - 1):
+        return None
+    return group.bit_length() - 1
+
+
+def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> int:
+    """RI (a multiple of nmat, LOADS loads a lane at most, 8 with zeros): the fewest rows an
+    item that still takes the fewest rounds of items a warp, so the tile's loads spread over
+    the most warps."""
+    nseg = -(-K // SEGMENT)
+    cap = 8 if zeros else LOADS[qmode]
+    options = [ri for ri in (6, 4, 2, 1) if ri * GU[qmode] <= cap and ri % nmat == 0]
+
+    def rounds(ri: int) -> int:
+        return -(-(-(-n_tile // (ri // nmat)) * nseg) // NWARPS)
+    return min(ri for ri in options if rounds(ri) == rounds(options[0]))
+
+
+def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, tr="float", to=None,
+                 norm=False, nx="float", nw="float", rn=RMS_RN) -> Variant:
+    """op_gemv_qdirect with every template argument, in its order."""
+    return Variant.of("op_gemv_qdirect", tx=tx, ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi,
+                      bias=bias, zeros=zeros, ri=ri, tr=tr, to=to or ty, norm=norm, nx=nx, nw=nw, rn=rn)
+
+
+def replan(v: Variant, ip: dict, nmat: int) -> Variant:
+    """The variant of an op_gemv_qdirect step once it runs nmat matrices (pair_gemvs)."""
+    ri = rows_per_item(v.arg("qmode"), nmat, ip["N_TILE"], ip["K"], v.arg("zeros"))
+    return v.with_(nmat=nmat, ri=ri)

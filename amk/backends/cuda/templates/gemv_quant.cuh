@@ -1,0 +1,148 @@
+// The batch-1 GEMV of weight-only quantized weights on CUDA cores (gemv_quant.py chooses it):
+// int8, packed int4 or fp8 E4M3 with group scales (+ zeros), seed layout (quant.py), streamed as
+// op_gemv_direct streams float weights: up to 16 direct 16-byte loads a lane in flight,
+// dequantised in registers against x in shared memory (fp32), the group scale on each 32-bit
+// word's partial sum.
+
+// QMODE 1 int8 / 3 fp8: 16 weights a 16-byte vector; 2 int4: 32. GU vectors a row a lane: an
+// item's K segment is 32 x GU x VW = 2048 weights, and RI rows x GU = 16 loads at most (8 with
+// zeros: their registers made ptxas spill).
+template <int QMODE> struct QVec {
+  static constexpr int VW = QMODE == 2 ? 32 : 16;
+  static constexpr int GU = QMODE == 2 ? 2 : 4;
+};
+
+// The vector's words rotated by r (word i is word (i + r) & 3): a lane reads its x words in that
+// order, so the 8 lanes of a shared-memory phase hit distinct banks (int8 / fp8: r = (lane >> 1)
+// & 3, conflict-free; int4: r = lane & 3, two lanes a bank as the bf16 GEMV).
+__device__ __forceinline__ uint4 rot_words(uint4 v, int r) {
+  if (r & 1) v = make_uint4(v.y, v.z, v.w, v.x);
+  if (r & 2) v = make_uint4(v.z, v.w, v.x, v.y);
+  return v;
+}
+
+// An E4M3 pair (bits 0-7, 8-15 of h) as two fp32, exactly (sm_89+: one conversion instruction).
+__device__ __forceinline__ void fp8x2_to_f32(unsigned h, float& lo, float& hi) {
+#if __CUDA_ARCH__ >= 890
+  unsigned p;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(p) : "h"((unsigned short)h));
+  asm("{.reg .f16 l, u;\n mov.b32 {l, u}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, u;}"
+      : "=f"(lo), "=f"(hi) : "r"(p));
+#else
+  lo = fp8e4m3_to_f(h & 0xffu); hi = fp8e4m3_to_f((h >> 8) & 0xffu);
+#endif
+}
+
+// a + sum (w_e - zero) x_e over one 32-bit word of weights and its x (xa; int4: xa, xb). off: int8 2^23
+// + 128 + zero, int4 2^23 + 8 + zero (a byte b becomes the fp32 2^23 + b by one byte permute,
+// exact), fp8 the zero (ZEROS only).
+template <int QMODE, bool ZEROS>
+__device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const float4& xa, const float4& xb) {
+  if (QMODE == 1) {
+    const unsigned u = w ^ 0x80808080u;                   // signed byte b -> unsigned b + 128
+    a += (__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - off) * xa.x;
+    a += (__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - off) * xa.y;
+    a += (__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - off) * xa.z;
+    a += (__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - off) * xa.w;
+  } else if (QMODE == 2) {                                // byte j: elements 2j (low), 2j + 1
+    const unsigned lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    a += (__uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440)) - off) * xa.x;
+    a += (__uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440)) - off) * xa.y;
+    a += (__uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7441)) - off) * xa.z;
+    a += (__uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7441)) - off) * xa.w;
+    a += (__uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7442)) - off) * xb.x;
+    a += (__uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7442)) - off) * xb.y;
+    a += (__uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7443)) - off) * xb.z;
+    a += (__uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7443)) - off) * xb.w;
+  } else {
+    float f0, f1, f2, f3;
+    fp8x2_to_f32(w & 0xffffu, f0, f1);
+    fp8x2_to_f32(w >> 16, f2, f3);
+    if (ZEROS) { f0 -= off; f1 -= off; f2 -= off; f3 -= off; }
+    a += f0 * xa.x + f1 * xa.y + f2 * xa.z + f3 * xa.w;
+  }
+  return a;
+}
+
+// op_gemv_qdirect: y_m[n_off + r] = x . dequant(W_m)[n_off + r] for NMAT matrices sharing x,
+// dequant(W)[r, k] = (q - zero[r, k / group]) scale[r, k / group] (the last group repeats).
+// The tile is a list of items: RI rows (RI / NMAT consecutive rows of each matrix) x one K
+// segment of 32 lanes x GU vectors; warp w takes items w, w + NWARPS, ... (RI: gemv_quant.py,
+// the fewest rows at the fewest rounds of items a warp). Each item's sums land in part[] as
+// op_gemv_direct's, and EPI, NORM and the x staging are op_gemv_direct's (direct_x,
+// direct_epilogue). A vector lies in one group (k's group: k >> GSHIFT, clamped to the last).
+// P: x, W_1..W_NMAT, scales_1..NMAT, [zeros_1..NMAT], [bias (BIAS_AT)], [residual | NORM's
+// weight], then the outputs (op_gemv_mma's order).
+template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI,
+          class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float, int RN = RMS_RN>
+__device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
+  constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
+  static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS ? 8 : 16),
+                "RI rows of NMAT matrices, 16 loads a lane at most (8 with zeros)");
+  const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
+  const int gshift = d.ip[P_GEMV_GSHIFT], ng = d.ip[P_GEMV_NGROUPS];
+  const long long rbytes = d.ip[P_GEMV_LDW];
+  const int nv = Kd / VW, nseg = (nv + 32 * GU - 1) / (32 * GU);
+  float* xs = (float*)smem;
+  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rot = QMODE == 2 ? lane & 3 : (lane >> 1) & 3;
+  const float off0 = QMODE == 1 ? 8388736.0f : (QMODE == 2 ? 8388616.0f : 0.f);
+  const float rv = direct_residual<TR, EPI>(d, P, n_off, n_tile);
+  direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
+  __syncthreads();
+  for (int it = warp;; it += NWARPS) {           // items (g, seg) while g has rows: no item count live
+    const int g = it / nseg, seg = it - g * nseg;
+    if (g * RPM >= n_tile) break;
+    uint4 wv[RI][GU];
+    float sc[RI][GU], zz[RI][GU];
+#pragma unroll
+    for (int i = 0; i < RI; i++) {              // every load issued before any use
+      const int mat = i / RPM, r = g * RPM + i % RPM;
+      const long long row = n_off + r;
+      const char* W = (const char*)P[1 + mat] + row * rbytes;
+      const TS* sp = (const TS*)P[1 + NMAT + mat] + row * ng;
+      const TZ* zp = (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1] + row * ng;
+#pragma unroll
+      for (int u = 0; u < GU; u++) {
+        const int v = seg * 32 * GU + u * 32 + lane;
+        const bool on = r < n_tile && v < nv;
+        const int gi = min((v * VW) >> gshift, ng - 1);
+        wv[i][u] = on ? ldg_stream(W + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+        sc[i][u] = on ? to_f(sp[gi]) : 0.f;
+        zz[i][u] = ZEROS && on ? to_f(zp[gi]) : 0.f;
+      }
+    }
+    float acc[RI];
+#pragma unroll
+    for (int i = 0; i < RI; i++) acc[i] = 0.f;
+#pragma unroll
+    for (int u = 0; u < GU; u++) {
+      const int v = seg * 32 * GU + u * 32 + lane;
+      if (v < nv) {
+#pragma unroll
+        for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {               // x of a word read once for all the item's rows
+          const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
+          const float4 xa = *(const float4*)xw;
+          const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
+#pragma unroll
+          for (int i = 0; i < RI; i++) {            // the scale on each word's sum: no partials live
+            const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
+            acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+      const float s = warp_sum(acc[i]);
+      const int mat = i / RPM, r = g * RPM + i % RPM;
+      if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
+    }
+  }
+  __syncthreads();
+  direct_epilogue<TY, TS, NMAT, EPI, BIAS, TR, TO>(d, P, part, (const TS*)P[d.ip[P_GEMV_BIAS_AT]], n_off, n_tile,
+                                                   nseg, rv);
+}
