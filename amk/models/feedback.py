@@ -10,7 +10,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# The slot of step k moves by 8 B a sequence with k, and eos may be 1 or a multiple of 16:
+# Triton would compile a variant per alignment or value, one of them inside the graph capture
+# (only step 0 runs eagerly before it); one variant for all.
+@triton.jit(do_not_specialize=["slot", "eos"])
 def _feedback(tok, token_in, pos, slot, done, eos, B, NPOS, HAS_EOS: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.arange(0, BLOCK)
     m = b < B
