@@ -2,8 +2,9 @@
 
 A captured step is: the megakernel's launch (it reads the program's own token and pos input
 buffers and the bound kv caches: fixed addresses, which the graph bakes), the sampler on the
-step's ids / logits, the new token written into the token buffer, pos += 1 in place, the EOS
-flag (done |= token == eos) and the step's slot of tokens and flags (and of logits, when kept).
+step's ids / logits, then one feedback kernel (amk/models/feedback.py): the new token into the
+token buffer, pos += 1 in place, the EOS flag (done |= token == eos) and the step's slot of
+tokens and flags; and the step's logits into their slot, when kept.
 The host replays the graph, copies the slots to pinned memory and syncs once per replay to
 stream the tokens, keeping the next replay in flight while it reads the last one (not when
 logits are kept or on_token is given: those read the device slots before the next replay).
@@ -39,7 +40,7 @@ class DeviceLoop:
         self.ids, self.logits = outs[0].view(out_shapes[0]), outs[1].view(out_shapes[1])
         batch, dev = token0.numel(), exe.device
         self.slots = torch.zeros(steps, 2, batch, dtype=torch.int32, device=dev)  # token, done
-        self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.done = torch.zeros(batch, dtype=torch.int32, device=dev)
         self.logit_slots = (torch.empty((steps, *self.logits.shape), dtype=self.logits.dtype,
                                         device=dev) if keep_logits else None)
         self.host = [torch.zeros(steps, 2, batch, dtype=torch.int32, pin_memory=True)
@@ -61,14 +62,10 @@ class DeviceLoop:
 
     def _step(self, k: int) -> None:
         """Step k of a replay: only stream work on fixed tensors (capturable)."""
+        from amk.models.feedback import feedback     # triton: imported only where a GPU runs
         self.exe.launch()
         tok = self.sampler.next(self.logits, self.ids)
-        self.token_in.copy_(tok.reshape(self.token_in.shape))
-        self.pos_in.add_(1)
-        self.slots[k, 0].copy_(tok)
-        if self.eos is not None:
-            self.done.logical_or_(tok == self.eos)
-            self.slots[k, 1].copy_(self.done)
+        feedback(tok, self.token_in, self.pos_in, self.slots[k], self.done, self.eos)
         if self.logit_slots is not None:
             self.logit_slots[k].copy_(self.logits)
 
