@@ -86,7 +86,8 @@ def _rope_fold(r, ra, ro, a, aa, later, consumer: int) -> bool:
 def _rope_joins(r, ra, a, aa) -> bool:
     """A staged batch-1 attention with pos can take this one-position ROPE's rotation: same pos,
     head_dim and row count, and (if it already rotates the new k row) the same frequencies."""
-    if not (a.is_fn("op_attention_smem") and a.ip["B"] == 1 and a.ip["HAS_POS"]
+    if not (a.is_fn("op_attention_smem") and a.ip["B_OFF"] == 0 and a.ip["B_COUNT"] == 1
+            and not a.ip["POS_SEQ"] and a.ip["HAS_POS"]
             and len(aa) > 3 and ra[1].ref == aa[3].ref and r.ip["POS64"] == a.ip["POS64"]
             and r.ip["ROWS"] == 1 and r.ip["HD"] == a.ip["HD"]):
         return False
