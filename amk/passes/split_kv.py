@@ -11,7 +11,9 @@ ATTENTION_COMBINE per group merges its P partials into the group's heads of the 
 over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
 
 P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
-no shard shorter than opts.kv_shard_min rows.
+no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group,
+or the one task as it is on a `whole_ops` target (one launch already covers every group).
+The split result equals the unsplit attention up to float rounding (online-softmax merge).
 
 A batch (a cache per sequence [B, max_seq, ..], one query row each) is split by sequence too:
 tasks of b_count sequences from b_off (sequences_per_task: one, unless B x G fills the SMs twice
@@ -19,9 +21,7 @@ over), each covering only its sequences, each at its own position (pos [B] or [1
 partials are sequence-major, [1, B*n_heads*(head_dim+2)] (sequence b's heads at columns
 b*n_heads*(head_dim+2)..: regions.py), so tasks of different sequences write different columns;
 P counts the sequence groups too (num_sms // (G x groups): one shard a sequence at batch 16 on
-an H200), and a batch keeps its partials and combine even at P = 1. P = 1 keeps one exact (non-partial) task per group,
-or the one task as it is on a `whole_ops` target (one launch already covers every group).
-The split result equals the unsplit attention up to float rounding (online-softmax merge).
+an H200), and a batch keeps its partials and combine even at P = 1 (without a live count).
 
 P is the capacity's count (tasks and partial buffers in the schedule). With a runtime pos the
 shards also carry kv_shard_rows R (shard_rows: opts.kv_shard_min for a derived P, the rule P
