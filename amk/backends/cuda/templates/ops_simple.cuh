@@ -322,35 +322,54 @@ __device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int 
   return kv_live_shards((int)(hi - lo), np, rows);
 }
 
-// op_combine when its partials cannot be staged in shared memory: read from global memory.
-// Out of line: for the 1B step it never runs, and never-run code inside a hot function costs
-// time (NOTES v16). The first np of its NPC partials (op_combine's loops: NPC the bound); with
-// a position a row (POS_SEQ), row b's own count.
+// op_combine when its partials cannot be staged in shared memory (a batch's): read from global
+// memory. Out of line: for the 1B step at batch 1 it never runs, and never-run code inside a
+// hot function costs time (NOTES v16). The first np of its NPC partials (op_combine's loops:
+// NPC the bound); with a position a row (POS_SEQ), row b's own count. U outputs a thread at a
+// time, every load of the U issued before their stores (a store could alias the partials, so
+// one output at a time was one L2 round trip after another); each output's sums in the same
+// order as one at a time.
 template <class TP, class TO, int NPC>
 __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, char* smem, int hd, int np0) {
+  constexpr int U = 4;
   const int nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT], B = d.ip[P_COMB_B];
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
-  for (int i = threadIdx.x; i < n; i += NT) {
-    int b = i / (hc * hd), r = i - b * hc * hd, h = h0 + r / hd, dd = r % hd;
-    const int np = d.ip[P_COMB_POS_SEQ] ? comb_live(d, P, NPC, b) : np0;
-    long long base = ((long long)b * nh + h) * (hd + 2);
-    float m = -__int_as_float(0x7f800000);
-    for (int p = 0; p < NPC; p++) {
-      if (p >= np) break;
-      m = fmaxf(m, to_f(((const TP*)P[p])[base + hd]));
+  for (int i0 = threadIdx.x; i0 < n; i0 += U * NT) {
+    long long base[U];
+    int np[U], h[U], dd[U], b[U];
+    float m[U], l[U], acc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = i0 + u * NT, ii = i < n ? i : 0, r = ii % (hc * hd);
+      b[u] = ii / (hc * hd); h[u] = h0 + r / hd; dd[u] = r % hd;
+      np[u] = i >= n ? 0 : d.ip[P_COMB_POS_SEQ] ? comb_live(d, P, NPC, b[u]) : np0;
+      base[u] = ((long long)b[u] * nh + h[u]) * (hd + 2);
+      m[u] = -__int_as_float(0x7f800000); l[u] = 0.f; acc[u] = 0.f;
     }
-    float l = 0.f, acc = 0.f;
+#pragma unroll 4
+    for (int p = 0; p < NPC; p++)
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (p < np[u]) m[u] = fmaxf(m[u], to_f(((const TP*)P[p])[base[u] + hd]));
+#pragma unroll 4
     for (int p = 0; p < NPC; p++) {
-      if (p >= np) break;
       const TP* pp = (const TP*)P[p];
-      float lp = to_f(pp[base + hd + 1]);
-      float wgt = lp > 0.f ? expf(to_f(pp[base + hd]) - m) : 0.f;
-      l += lp * wgt; acc += to_f(pp[base + dd]) * wgt;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (p >= np[u]) continue;
+        const float lp = to_f(pp[base[u] + hd + 1]);
+        const float wgt = lp > 0.f ? expf(to_f(pp[base[u] + hd]) - m[u]) : 0.f;
+        l[u] += lp * wgt; acc[u] += to_f(pp[base[u] + dd[u]]) * wgt;
+      }
     }
-    const TO o = from_f<TO>(acc / fmaxf(l, 1e-20f));
-    if (to_smem) xs[h * hd + dd] = to_f(o); else y[((long long)b * nh + h) * hd + dd] = o;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (i0 + u * NT >= n) continue;
+      const TO o = from_f<TO>(acc[u] / fmaxf(l[u], 1e-20f));
+      if (to_smem) xs[h[u] * hd + dd[u]] = to_f(o); else y[((long long)b[u] * nh + h[u]) * hd + dd[u]] = o;
+    }
   }
 }
 
