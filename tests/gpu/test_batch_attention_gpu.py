@@ -55,3 +55,21 @@ def test_batch_with_a_position_per_sequence_matches_reference_vm(batch):
 def test_batch_at_one_shared_position_matches_reference_vm(batch, pos):
     """The benchmark's batch (bench/decode.py --batch: every sequence at one position)."""
     _batch_step_matches_reference(batch, [pos], seed=batch + pos)
+
+
+PROMPTS = [[5, 17, 3, 60, 2, 9, 41], [11, 4], [70, 8, 8, 1, 33]]
+
+
+def test_ragged_generate_and_continuous_batching_on_cuda_give_the_reference_tokens():
+    """Prompts of different lengths decode on the megakernel at their own positions (pos [B]),
+    and a continuous batch's slots too: the tokens of the reference backend."""
+    from amk.models.presets import TINY_LLAMA
+    m = random_model(TINY_LLAMA, device="cuda", seed=3, max_seq=32)
+    assert m.generate(PROMPTS, 6, backend="cuda") == m.generate(PROMPTS, 6, backend="reference")
+    got = {}
+    for backend in ("cuda", "reference"):
+        batch = m.batch(3, backend=backend)
+        slots = [batch.add(p) for p in PROMPTS]
+        got[backend] = [batch.step() for _ in range(5)]
+        assert sorted(slots) == [0, 1, 2]
+    assert got["cuda"] == got["reference"]
