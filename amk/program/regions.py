@@ -187,14 +187,12 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
         own_seqs = op is K.ATTENTION_TILE
         for i, b in enumerate(ins):
             # ATTENTION_TILE: q per head, NEW_KV's new k/v rows per kv head; caches and pos
-            # whole. COMBINE: every partial per head (per sequence when sequence-major), its
-            # pos (live count) whole.
+            # whole. COMBINE: every partial per head, its pos (live count) whole. Per head of
+            # every sequence in a sequence-major buffer.
             if op is K.ATTENTION_TILE and i >= 4 and kv_cols is not None:
                 reads += _cols(b, *kv_cols, width)
-            elif i < n_parts:
+            elif i < n_parts or i == 0:
                 reads += _seq_head_cols(b, params, in_row, width, False)
-            elif i == 0 and in_cols is not None:
-                reads += _cols(b, *in_cols, width)
             else:
                 reads += _whole(b, width)
         for o in outs:
