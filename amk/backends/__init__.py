@@ -31,14 +31,14 @@ def make_executable(program: Program, backend: str, device: torch.device, cuda_o
     if backend == "cuda":
         if device.type != "cuda":
             raise BackendUnavailable(f"backend 'cuda' needs CUDA tensors; the arguments are on {device}")
-        from amk.program.positions import block_position_tasks
-        blocks = block_position_tasks(program)
-        if blocks:   # the megakernel reads one position per step (pos[0])
+        from amk.program.positions import prompt_block_tasks
+        blocks = prompt_block_tasks(program)
+        if blocks:   # the megakernel reads one position a sequence (pos[0], or pos[b])
             raise BackendUnavailable(
-                f"backend 'cuda' runs one position per step; program {program.name!r} reads "
-                f"several (a prompt chunk, or sequences each at its own position) in task "
-                f"{blocks[0].id} {blocks[0].name!r}: run prefill chunks on the triton backend "
-                f"(Model.generate does) and batches of different lengths on the reference backend")
+                f"backend 'cuda' runs one position per sequence; program {program.name!r} reads "
+                f"several for one cache (a prompt chunk) in task {blocks[0].id} "
+                f"{blocks[0].name!r}: run prefill chunks on the triton backend (Model.generate "
+                f"does)")
         from amk.backends.cuda import CudaProgram
         from amk.backends.cuda.options import CudaOptions
         # Asynchronous steps: a fault raises at the next call or at Jitted.sync()

@@ -62,9 +62,11 @@ def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: M
         kvh = max(1, hc * nkv // max(nh, 1))
         # a shard reads its piece of the window (costed at a full window: the worst step)
         rows = -(-int(params.get("kv_len", kc.shape[-3])) // int(params.get("kv_shards", 1)))
-        batch = kc.numel // (kc.shape[-3] * kc.shape[-2] * kc.shape[-1])
+        seqs = kc.numel // (kc.shape[-3] * kc.shape[-2] * kc.shape[-1])
+        batch = int(params.get("b_count", seqs))         # a batched task's own sequences
         nb = 2.0 * batch * rows * kvh * hd * _ITEMSIZE[kc.dtype]
-        nb += sum(nbytes(b) * hc / max(nh, 1) for b in (ins[0], out) if b is not None)
+        share = hc / max(nh, 1) * batch / max(seqs, 1)
+        nb += sum(nbytes(b) * share for b in (ins[0], out) if b is not None)
         return Cost(nb, 4.0 * batch * hc * rows * hd)
     if op is K.KV_APPEND:
         nb = 2.0 * nbytes(ins[0]) if ins and ins[0] is not None else 0.0

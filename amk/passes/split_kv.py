@@ -15,6 +15,14 @@ no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial
 or the one task as it is on a `whole_ops` target (one launch already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
 
+A batch (a cache per sequence [B, max_seq, ..], one query row each) is split by sequence too:
+tasks of b_count sequences from b_off (sequences_per_task: one, unless B x G fills the SMs twice
+over), each covering only its sequences, each at its own position (pos [B] or [1]). Their
+partials are sequence-major, [1, B*n_heads*(head_dim+2)] (sequence b's heads at columns
+b*n_heads*(head_dim+2)..: regions.py), so tasks of different sequences write different columns;
+P counts the sequence groups too (num_sms // (G x groups): one shard a sequence at batch 16 on
+an H200), and a batch keeps its partials and combine even at P = 1 (without a live count).
+
 P is the capacity's count (tasks and partial buffers in the schedule). With a runtime pos the
 shards also carry kv_shard_rows R (shard_rows: opts.kv_shard_min for a derived P, the rule P
 came from; 1 for a forced opts.attn_splits): at run time only the first
@@ -46,6 +54,22 @@ def shard_rows(opts: PassOptions) -> int:
     return 1 if opts.attn_splits is not None else max(int(opts.kv_shard_min), 1)
 
 
+def sequences_per_task(batch: int, groups: int, opts: PassOptions) -> int:
+    """Sequences a batched attention task covers: one while B x G tasks do not fill the SMs
+    twice over, else the largest divisor of B up to B x G // num_sms (fewer, longer tasks)."""
+    most = max(1, batch * groups // max(opts.target.num_sms, 1))
+    return max(d for d in range(1, min(most, batch) + 1) if batch % d == 0)
+
+
+def _batch(t: Task, bufs, nh: int, hd: int) -> int:
+    """B, the sequences of an attention with a cache per sequence [B, max_seq, ..] and one
+    query row each (a decode batch); 1 for anything else."""
+    q, kc = bufs[t.inputs[0]], bufs[t.inputs[1]]
+    if len(kc.shape) == 4 and kc.shape[0] > 1 and q.numel == kc.shape[0] * nh * hd:
+        return kc.shape[0]
+    return 1
+
+
 def _splittable(t: Task, bufs) -> bool:
     p = t.params
     return (t.op is K.ATTENTION_TILE and not int(p.get("flags", 0)) & PARTIAL_WRITE
@@ -70,34 +94,42 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         q, y = bufs[t.inputs[0]], bufs[t.outputs[0]]
         flat = q.cols == nh * hd and y.cols == nh * hd
         groups = nkv if flat else 1
+        # a batch: tasks per group of sequences too, each writing its rows of sequence-major
+        # partials [1, B*nh*(hd+2)] (regions.py), so B x G x P tasks spread over the SMs
+        B = 1 if opts.target.whole_ops or not flat else _batch(t, bufs, nh, hd)
+        per = sequences_per_task(B, groups, opts)
+        seqs = [{"b_off": b, "b_count": per} for b in range(0, B, per)] if B > 1 else [{}]
         start = int(p.get("kv_start", 0))
         length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
-        P = shard_count(length, groups, opts)
+        P = shard_count(length, groups * len(seqs), opts)
         pos = t.inputs[3] if len(t.inputs) > 3 else None
-        # the live count needs the runtime pos; a static window's P is already its count
-        rows = shard_rows(opts) if pos is not None else 0
+        # the live count needs the runtime pos (and more than one shard); a static window's P
+        # is already its count
+        rows = shard_rows(opts) if pos is not None and P > 1 else 0
         live = {"kv_shard_rows": rows} if rows else {}
-        if P == 1 and (groups == 1 or opts.target.whole_ops):
+        if P == 1 and B == 1 and (groups == 1 or opts.target.whole_ops):
             out.append(t)
             continue
         changed = True
         heads = [{"h_off": g * rep, "h_count": rep} for g in range(groups)] if flat else [{}]
-        if P == 1:
+        if P == 1 and B == 1:
             out += [Task(t.id, t.op, t.inputs, t.outputs, {**p, **h}, t.waits, t.out_counter,
                          f"{t.name}[kv {g}/{groups}]") for g, h in enumerate(heads)]
             continue
         parts = []
+        shape = (1, B * nh * (hd + 2)) if B > 1 else tuple(q.shape[:-1]) + (nh * (hd + 2),)
         for s in range(P):
-            b = Buffer(len(bufs), f"{y.name}.part{s}", BufferKind.ACTIVATION, DType.F32,
-                       tuple(q.shape[:-1]) + (nh * (hd + 2),))
+            b = Buffer(len(bufs), f"{y.name}.part{s}", BufferKind.ACTIVATION, DType.F32, shape)
             bufs.append(b)
             parts.append(b.id)
-        for g, h in enumerate(heads):
-            for s in range(P):
-                sp = {**p, **h, "kv_start": start, "kv_len": length, "kv_shard": s,
-                      "kv_shards": P, **live, "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
-                out.append(Task(t.id, t.op, t.inputs, (parts[s],), sp, t.waits, next_counter,
-                                f"{t.name}[kv {g}/{groups} shard {s}/{P}]"))
+        for sq in seqs:
+            where = f"seq {sq['b_off']}+{per} " if sq else ""
+            for g, h in enumerate(heads):
+                for s in range(P):
+                    sp = {**p, **sq, **h, "kv_start": start, "kv_len": length, "kv_shard": s,
+                          "kv_shards": P, **live, "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
+                    out.append(Task(t.id, t.op, t.inputs, (parts[s],), sp, t.waits, next_counter,
+                                    f"{t.name}[{where}kv {g}/{groups} shard {s}/{P}]"))
         # the combines take the attention's counter, so its consumers' waits stay right
         if not opts.combine_per_group:
             heads = [{}]                          # one combine over every head

@@ -155,9 +155,23 @@ def _head_range(c: _Ctx, n_heads: int, group: int, flat: Sequence[tuple[Buffer, 
     if h_off % group or h_count % group:
         c.bad(f"heads [{h_off}, {h_off + h_count}) split a kv group of {group} q heads")
     for buf, row in flat:    # a head range is a column range only on a flat view
-        if buf.cols != n_heads * row:
-            c.bad(f"h_off/h_count need {_b(buf)} flat with {n_heads}*{row} columns, "
-                  f"got shape {list(buf.shape)}")
+        seq_major = buf.cols == buf.numel and buf.cols % (n_heads * row) == 0   # regions.py
+        if buf.cols != n_heads * row and not seq_major:
+            c.bad(f"h_off/h_count need {_b(buf)} flat with {n_heads}*{row} columns (or one row "
+                  f"of sequences' heads), got shape {list(buf.shape)}")
+
+
+def _seq_range(c: _Ctx, B: int) -> None:
+    """b_off/b_count (ext): sequences [b_off, b_off+b_count) of the B query rows, both given."""
+    if "b_off" not in c.p and "b_count" not in c.p:
+        return
+    if "b_off" not in c.p or "b_count" not in c.p:
+        c.bad("b_off and b_count go together (the sequences [b_off, b_off+b_count))")
+        return
+    b_off = c.int_("b_off", lo=0)
+    b_count = c.int_("b_count", lo=1)
+    if b_off + b_count > B:
+        c.bad(f"sequences [{b_off}, {b_off + b_count}) exceed the {B} query rows")
 
 
 def _attention(c: _Ctx) -> None:
@@ -193,7 +207,7 @@ def _attention(c: _Ctx) -> None:
             if len(kc.shape) != 3 and not (len(kc.shape) == 4 and kc.shape[0] == B):
                 c.bad(f"a position per row needs a single-sequence cache [max_seq, {n_kv}, "
                       f"{hd}] or a cache per row [{B}, max_seq, {n_kv}, {hd}], got {list(kc.shape)}")
-            if flags & NEW_KV:
+            if flags & NEW_KV and len(kc.shape) != 4:
                 c.bad("flags NEW_KV (one new row per sequence) does not apply to a block")
     if flags & NEW_KV:
         if len(c.ins) != 6:
@@ -207,6 +221,7 @@ def _attention(c: _Ctx) -> None:
     row = hd + 2 if flags & PARTIAL_WRITE else hd
     c.numel(out, B * n_heads * row, "output" + (" (partial [acc|m|l])" if row != hd else ""))
     _head_range(c, n_heads, n_heads // n_kv, ((q, hd), (out, row)))
+    _seq_range(c, B)
     if "window" in c.p:
         c.int_("window", lo=1)
     cap = c.p.get("softcap", 0.0)

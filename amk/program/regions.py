@@ -139,6 +139,29 @@ def _head_cols(params: Mapping[str, Any], row: int) -> tuple[int, int] | None:
     return h_off * row, (h_off + h_count) * row
 
 
+def seq_range(params: Mapping[str, Any], n_seq: int) -> tuple[int, int]:
+    """The sequences [b_off, b_off+b_count) an ATTENTION_TILE covers (ext; all by default)."""
+    b_off = int(params.get("b_off", 0))
+    return b_off, b_off + int(params.get("b_count", n_seq - b_off))
+
+
+def _seq_head_cols(bid: int | None, params: Mapping[str, Any], row: int, width,
+                   own_seqs: bool) -> list[Region]:
+    """The regions of a per-head operand. A buffer of one row holding several sequences'
+    heads one after the other (split_kv's batched partials, [1, B*n_heads*row]: sequence b's
+    heads are columns [b*n_heads*row, (b+1)*n_heads*row)) gives each sequence (own_seqs: each
+    of the task's seq_range) its head columns; a buffer of n_heads*row columns gives the head
+    columns of every row; anything else is whole."""
+    if bid is None:
+        return []
+    w, per_seq = width(bid), int(params.get("n_heads", 0)) * row
+    cols = _head_cols(params, row) or (0, per_seq)
+    if per_seq <= 0 or w == per_seq or w % per_seq:
+        return _cols(bid, *cols, width) if "h_off" in params else _whole(bid, width)
+    lo, hi = seq_range(params, w // per_seq) if own_seqs else (0, w // per_seq)
+    return [Region(bid, b * per_seq + cols[0], b * per_seq + cols[1]) for b in range(lo, hi)]
+
+
 def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
                 params: Mapping[str, Any], width, out_width: int | None):
     """(reads, writes) of one primitive op; None operands are FUSED scratch (private)."""
@@ -160,16 +183,21 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
         rep = int(params.get("n_heads", 1)) // max(int(params.get("n_kv_heads", params.get("n_heads", 1))), 1)
         kv_cols = None if in_cols is None or rep < 1 else (in_cols[0] // rep, in_cols[1] // rep)
         n_parts = combine_partials(params, len(ins)) if op is K.ATTENTION_COMBINE else 0
+        # an ATTENTION_TILE of sequences [b_off, b_off+b_count) writes only theirs in a
+        # sequence-major partial (split_kv's batched tasks); its other operands stay whole rows
+        own_seqs = op is K.ATTENTION_TILE
         for i, b in enumerate(ins):
             # ATTENTION_TILE: q per head, NEW_KV's new k/v rows per kv head; caches and pos
-            # whole. COMBINE: every partial per head, its pos (live count) whole.
-            per_head = in_cols is not None and (i < n_parts or i == 0)
+            # whole. COMBINE: every partial per head, its pos (live count) whole. Per head of
+            # every sequence in a sequence-major buffer.
             if op is K.ATTENTION_TILE and i >= 4 and kv_cols is not None:
                 reads += _cols(b, *kv_cols, width)
+            elif i < n_parts or i == 0:
+                reads += _seq_head_cols(b, params, in_row, width, False)
             else:
-                reads += _cols(b, *in_cols, width) if per_head else _whole(b, width)
+                reads += _whole(b, width)
         for o in outs:
-            writes += _cols(o, *out_cols, width) if out_cols else _whole(o, width)
+            writes += _seq_head_cols(o, params, out_row, width, own_seqs)
     elif op is K.COPY and "x_off" in params:
         # a column move (slice / concat): columns [x_off, x_off + w) of x -> the output's tile
         lo, hi = _tile_range(params, out_width) or (0, out_width or 0)

@@ -45,6 +45,7 @@ class Dims:
     max_seq: int
     pos: int
     cache_4d: bool          # batch 1 only: [1, S, kv, hd] instead of [S, kv, hd]
+    positions: tuple[int, ...] = ()   # batch > 1: sequence b at positions[b]; (): all at pos
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +76,8 @@ class Plan:
         d = self.dims
         dt = "bf16" if d.dtype == torch.bfloat16 else "f32"
         lines = [f"B={d.batch} {dt} H={d.hidden} heads={d.n_heads}/{d.n_kv_heads}x{d.head_dim} "
-                 f"F={d.ffn} V={d.vocab} S={d.max_seq} pos={d.pos} embed={self.embed} "
+                 f"F={d.ffn} V={d.vocab} S={d.max_seq} pos={list(d.positions) or d.pos} "
+                 f"embed={self.embed} "
                  f"tail={self.tail} tied={self.tied_layers} seed={self.seed}"]
         for i, layer in enumerate(self.layers):
             lines.append(f"  layer {i}: " + ", ".join(_block_text(b) for b in layer))
@@ -132,7 +134,10 @@ def dims(draw, batches: Sequence[int] = (1, 2, 3), dtypes=(torch.float32, torch.
                 n_kv_heads=n_kv, n_heads=n_kv * ratio, ffn=draw(st.sampled_from([16, 32, 24])),
                 vocab=draw(st.sampled_from([16, 32, 11])), max_seq=max_seq,
                 pos=draw(st.integers(0, max_seq - 1)),
-                cache_4d=batch == 1 and draw(st.booleans()))
+                cache_4d=batch == 1 and draw(st.booleans()),
+                positions=tuple(draw(st.lists(st.integers(0, max_seq - 1), min_size=batch,
+                                              max_size=batch)))
+                if batch > 1 and draw(st.booleans()) else ())
 
 
 def linear_specs(quantized: bool = True, bias: bool = True) -> st.SearchStrategy[LinearSpec]:
@@ -282,7 +287,7 @@ def build_case(plan: Plan, donate: tuple[str, ...]) -> Case:
 
     token = (torch.randint(0, d.vocab, (d.batch,), generator=g, dtype=torch.int32) if plan.embed
              else rand(d.batch, H))
-    pos = torch.tensor([d.pos], dtype=torch.int32)
+    pos = torch.tensor(list(d.positions) or [d.pos], dtype=torch.int32)
     cache_shape = ((d.max_seq, d.n_kv_heads, d.head_dim) if d.batch == 1 and not d.cache_4d
                    else (d.batch, d.max_seq, d.n_kv_heads, d.head_dim))
     kv = {}

@@ -142,7 +142,7 @@ def test_positions_must_be_one_per_row():
 
 
 def test_cuda_backend_refuses_a_block_program():
-    from amk.program.positions import block_position_tasks
+    from amk.program.positions import prompt_block_tasks
     hf = tiny_llama()
     model = from_hf(hf, max_seq=32)
     step = model.jit("reference")
@@ -150,7 +150,10 @@ def test_cuda_backend_refuses_a_block_program():
     block = step.lower(model.params, torch.zeros(4, dtype=torch.int32),
                        torch.arange(4, dtype=torch.int32), kv).program
     decode = step.lower(*model.example_args()).program
-    assert block_position_tasks(block) and not block_position_tasks(decode)
+    ragged = step.lower(model.params, torch.zeros(4, dtype=torch.int32),    # a position a sequence
+                        torch.arange(4, dtype=torch.int32), model.new_kv(4)).program
+    assert prompt_block_tasks(block) and not prompt_block_tasks(decode)
+    assert not prompt_block_tasks(ragged)
 
 
 def test_batched_prompts_prefill_each_sequence():

@@ -93,9 +93,11 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # (folds.k_rope_into_attention); inverse frequencies at the last input when ROPE_INV, else
     # from THETA. NEW_KV: cache row pos is read from k_new, v_new (P[4], P[5]). KV_SHARD of
     # KV_SHARDS: the shard's piece of the live window (regions.kv_window), SHARD_ROWS > 0: of
-    # the live shards only (regions.live_shards)
-    "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B",
-             "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE", "ROPE_INV", "NEW_KV", "K_ROPE",
+    # the live shards only (regions.live_shards). Sequences [B_OFF, B_OFF + B_COUNT) of the
+    # cache's (regions.seq_range); POS_SEQ: sequence b at pos[b], else every one at pos[0]
+    "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B_OFF",
+             "B_COUNT", "POS_SEQ", "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE",
+             "ROPE_INV", "NEW_KV", "K_ROPE",
              "KV_SHARD", "KV_SHARDS", "WINDOW",    # WINDOW > 0: rows (pos - WINDOW, pos] only
              "SHARD_ROWS",
              "QN_ARG", "KN_ARG"),   # > 0: the input holding q's / the new k row's norm weight
@@ -104,13 +106,14 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
     "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),
     # SHARD_ROWS > 0: only the live shards' partials (regions.combine_live), counted from
-    # KV_START, KV_LEN, WINDOW and pos, the input after the partials
+    # KV_START, KV_LEN, WINDOW and pos, the input after the partials (POS_SEQ: row b's at pos[b])
     "COMB": ("HD", "NH", "H_OFF", "H_COUNT", "B", "P", "TO_SMEM", "SHARD_ROWS", "KV_START",
-             "KV_LEN", "WINDOW", "POS64"),
+             "KV_LEN", "WINDOW", "POS64", "POS_SEQ"),
     "EMBED": ("B", "H", "V", "IDS64"),
     # ROPE_HD > 0: the new rows are rotated here (folds.rope_into_append), inverse frequencies
-    # at P[2] when ROPE_INV, else from THETA
-    "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM", "ROPE_HD", "ROPE_INV"),
+    # at P[2] when ROPE_INV, else from THETA; POS_SEQ: sequence b's rows at pos[b]
+    "KV": ("ROWLEN", "NROWS", "MAX_SEQ", "B", "POS64", "HAS_POS", "POS_PARAM", "ROPE_HD", "ROPE_INV",
+           "POS_SEQ"),
     "ARGMAX": ("ROWS", "V", "OUT64"),
     "SOFTMAX": ("ROWS", "H"),
     "DEQ": ("N", "K", "LDQ", "GROUP", "NGROUPS", "PACKED"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from amk.program.ir import BufferKind, DType, InstructionKind as K
-from amk.program.regions import NEW_KV, combine_partials
+from amk.program.regions import NEW_KV, combine_partials, seq_range
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
 from amk.backends.cuda.smem import XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
@@ -301,6 +301,13 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     lo = int(p.get("kv_start", 0))
     kv_len = int(p.get("kv_len", max_seq - lo))
     has_pos = len(ins) > 3
+    b0, b1 = seq_range(p, B)
+    if not 0 <= b0 < b1 <= B:
+        fail(t, f"sequences [{b0}, {b1}) are not in the cache's {B}")
+    pos_seq = has_pos and ins[3].numel > 1          # sequence b at pos[b]
+    if pos_seq and (ins[3].numel != B or len(kc.shape) != 4):
+        fail(t, f"pos {ins[3].shape}: the CUDA attention takes one position, or one for each "
+                f"of the cache's {B} sequences (a prompt block runs on the triton backend)")
     new_kv = bool(flags & NEW_KV)
     tn = ftype(t, q.dtype)
     if new_kv:
@@ -320,7 +327,7 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
            else Variant.of("op_attention", **types, cap=cap))
     e = Encoded(int(op), var, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
-                H_COUNT=hc, B=B, MAX_SEQ=max_seq,
+                H_COUNT=hc, B_OFF=b0, B_COUNT=b1 - b0, POS_SEQ=int(pos_seq), MAX_SEQ=max_seq,
                 POS64=int_input(t, ins[3], "attention pos") if has_pos else 0,
                 HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv),
                 KV_SHARD=int(p.get("kv_shard", 0)), KV_SHARDS=int(p.get("kv_shards", 1)),
@@ -348,11 +355,11 @@ def _enc_combine(t, op, ins, outs, p) -> Encoded:
     e.ip = dict(HD=hd, NH=nh, H_OFF=h_off, H_COUNT=hc, B=B, P=len(parts))
     if len(parts) < len(ins):           # the live count: pos after the partials
         pos = ins[-1]
-        if pos.numel != 1:
-            fail(t, f"pos {pos.shape}: the CUDA combine takes one position for every row")
+        if pos.numel not in (1, B):
+            fail(t, f"pos {pos.shape}: the CUDA combine takes one position, or one a row ({B})")
         e.ip.update(SHARD_ROWS=int(p["kv_shard_rows"]), KV_START=int(p.get("kv_start", 0)),
                     KV_LEN=int(p["kv_len"]), WINDOW=int(p.get("window", 0)),
-                    POS64=int_input(t, pos, "combine pos"))
+                    POS64=int_input(t, pos, "combine pos"), POS_SEQ=int(pos.numel > 1))
     return e
 
 
@@ -380,11 +387,15 @@ def _enc_kv_append(t, op, ins, outs, p) -> Encoded:
     has_pos = "pos" not in p
     if has_pos and len(ins) < 2:
         fail(t, "KV_APPEND needs a pos input (or the seed's params['pos'])")
+    pos_seq = has_pos and ins[1].numel > 1          # sequence b's rows at pos[b]
+    if pos_seq and (ins[1].numel != B or B == 1):
+        fail(t, f"pos {ins[1].shape}: the CUDA append takes one position, or one for each of "
+                f"the cache's {B} sequences (a prompt block runs on the triton backend)")
     e = Encoded(int(op), Variant.of("op_kv_append", tn=ctype(t, new.dtype), tc=ctype(t, cache.dtype),
                                       tf="float"), group="KV")
     e.ip = dict(ROWLEN=rowlen, NROWS=new.numel // (B * rowlen), MAX_SEQ=max_seq, B=B,
                 POS64=int_input(t, ins[1], "pos") if has_pos else 0, HAS_POS=int(has_pos),
-                POS_PARAM=int(p.get("pos", 0)))
+                POS_PARAM=int(p.get("pos", 0)), POS_SEQ=int(pos_seq))
     return e
 
 

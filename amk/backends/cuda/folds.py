@@ -75,20 +75,31 @@ def _read_later(ref, later) -> bool:
     return any(v.ref == ref for _, args, _ in later for v in args)
 
 
+def _same_positions(r, a) -> bool:
+    """The ROPE rotates a row where step `a` (an attention or append with POS_SEQ) puts it:
+    every row at pos[0] (one position, a not POS_SEQ), or row b at pos[b] (a position a row,
+    a POS_SEQ: sequence b at pos[b])."""
+    if a.ip["POS_SEQ"]:
+        return r.ip["NPOS"] == r.ip["ROWS"] > 1
+    return r.ip["NPOS"] == 1
+
+
 def _rope_fold(r, ra, ro, a, aa, later, consumer: int) -> bool:
-    """The shared conditions of the two rope folds: a one-position ROPE into a scratch that
-    only the next step (a `consumer` step) reads, as its first argument, with the same pos."""
+    """The shared conditions of the two rope folds: a ROPE into a scratch that only the next
+    step (a `consumer` step) reads, as its first argument, with the same pos, a row's position
+    where the consumer puts it."""
     return (r.op == int(K.ROPE) and a.op == consumer and aa[0].ref == ro[0].ref
             and ro[0].ref[0] == REF_SCRATCH and not _read_later(ro[0].ref, later)
-            and r.ip["NPOS"] == 1 and ra[0].dtype == ro[0].dtype)
+            and _same_positions(r, a) and ra[0].dtype == ro[0].dtype)
 
 
 def _rope_joins(r, ra, a, aa) -> bool:
-    """A staged batch-1 attention with pos can take this one-position ROPE's rotation: same pos,
-    head_dim and row count, and (if it already rotates the new k row) the same frequencies."""
-    if not (a.is_fn("op_attention_smem") and a.ip["B"] == 1 and a.ip["HAS_POS"]
+    """A staged attention with pos can take this ROPE's rotation: same pos (a row's position
+    where the attention puts its sequence) and head_dim, and (if it already rotates the new k
+    row) the same frequencies. A batch's attention rotates its own sequences' rows only."""
+    if not (a.is_fn("op_attention_smem") and a.ip["HAS_POS"]
             and len(aa) > 3 and ra[1].ref == aa[3].ref and r.ip["POS64"] == a.ip["POS64"]
-            and r.ip["ROWS"] == 1 and r.ip["HD"] == a.ip["HD"]):
+            and _same_positions(r, a) and r.ip["HD"] == a.ip["HD"]):
         return False
     if a.ip.get("K_ROPE"):              # one set of frequencies for q and the new k row
         inv = ra[2:3]
@@ -106,10 +117,10 @@ def _rotated(a: Encoded, aa, r: Encoded, ra, flag: str):
 
 
 def rope_into_attention(f: Fused) -> Fused:
-    """A ROPE of exactly one staged attention's q heads (batch 1, one position, the attention's
-    own pos) into a scratch only that attention reads: the attention rotates q itself while it
-    stages it (op_attention_smem's Q_ROPE), so q skips the scratch round trip and the step's
-    barrier."""
+    """A ROPE of exactly one staged attention's q heads (the attention's own pos; at a batch
+    every row's, each attention task rotating only its sequences' rows) into a scratch only
+    that attention reads: the attention rotates q itself while it stages it (op_attention_smem's
+    Q_ROPE), so q skips the scratch round trip and the step's barrier."""
     def fold(window, later):
         (r, ra, ro), (a, aa, ao) = window
         if not (_rope_fold(r, ra, ro, a, aa, later, int(K.ATTENTION_TILE)) and _rope_joins(r, ra, a, aa)
@@ -123,9 +134,10 @@ def rope_into_attention(f: Fused) -> Fused:
 
 
 def k_rope_into_attention(f: Fused) -> Fused:
-    """The whole-tensor ROPE of a NEW_KV attention's new k row (one position, its pos) into a
-    scratch only that attention reads, as k_new: the attention rotates its kv head's row itself
-    (op_attention_smem's K_ROPE). The steps between may only write other scratch (the q rope)."""
+    """The whole-tensor ROPE of a NEW_KV attention's new k rows (one a sequence, at its pos)
+    into a scratch only that attention reads, as k_new: the attention rotates its kv head's
+    row of each of its sequences itself (op_attention_smem's K_ROPE). The steps between may
+    only write other scratch (the q rope)."""
     steps = f.steps
     out = list(steps)
     for i, (r, ra, ro) in enumerate(steps):
@@ -140,9 +152,9 @@ def k_rope_into_attention(f: Fused) -> Fused:
         if not (a.op == int(K.ATTENTION_TILE) and a.ip.get("NEW_KV") and len(aa) >= 6
                 and aa[4].ref == ro[0].ref and not any(v.ref == ro[0].ref for v in aa[:4] + aa[5:])
                 and all(w[0] == REF_SCRATCH and w not in [v.ref for v in ra] for w in between)
-                and _rope_joins(r, ra, a, aa) and r.ip["NPOS"] == 1
-                and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"])
-                and ra[0].numel == ro[0].numel == a.ip["NKV"] * a.ip["HD"]
+                and _rope_joins(r, ra, a, aa) and (r.ip["C0"], r.ip["C1"]) == (0, r.ip["COLS"])
+                and r.ip["COLS"] == a.ip["NKV"] * a.ip["HD"]
+                and ra[0].numel == ro[0].numel == r.ip["ROWS"] * r.ip["COLS"]
                 and ra[0].dtype == ro[0].dtype == aa[5].dtype):
             continue
         e, inv = _rotated(a, aa, r, ra, "K_ROPE")

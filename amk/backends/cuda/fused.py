@@ -87,8 +87,8 @@ def _read_cols(enc: Encoded, args: list[View], out: View, ref) -> tuple[int, int
     v = args[idx[0]]
     if enc.op in _EW_OPS and v.numel == out.numel and v.cols == out.cols:
         return enc.ip["C0"], enc.ip["C1"]        # read at the output's own (row, column)
-    if enc.op == int(K.ATTENTION_TILE) and idx == [0] and enc.ip["B"] == 1 and v.cols == v.numel:
-        hd = enc.ip["HD"]                         # q of the tile's heads only
+    if enc.op == int(K.ATTENTION_TILE) and idx == [0] and v.cols == enc.ip["NH"] * enc.ip["HD"]:
+        hd = enc.ip["HD"]                         # q of the tile's heads only (rows of heads)
         return enc.ip["H_OFF"] * hd, (enc.ip["H_OFF"] + enc.ip["H_COUNT"]) * hd
     return None
 

@@ -15,7 +15,7 @@ import torch
 from amk.errors import TraceError, ValidationError
 from amk.backends.reference.semantics_common import column_range, f32, host_int
 from amk.program.regions import (NEW_KV, PARTIAL_WRITE,   # the ATTENTION_TILE flags bits
-                                 combine_live, combine_partials, kv_window)
+                                 combine_live, combine_partials, kv_window, seq_range)
 
 
 def _cache_view(c: torch.Tensor, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -41,6 +41,31 @@ def _head_range(params, n_heads: int, rep: int) -> tuple[int, int]:
     return h_off, h_count
 
 
+def own_sequences(inputs, outputs, params):
+    """(inputs, outputs, params) of an ATTENTION_TILE restricted to its b_off/b_count rows:
+    views of those rows of q, the output, a pos per row, k_new / v_new and a cache per row,
+    and the params without b_off/b_count (the triton backend runs its kernels on them too)."""
+    hd, n_heads = int(params["head_dim"]), int(params["n_heads"])
+    R = inputs[0].numel() // (n_heads * hd)
+    b0, b1 = seq_range(params, R)
+    if not 0 <= b0 < b1 <= R:
+        raise ValidationError(f"attention: sequences [{b0}, {b1}) are not in the {R} query rows")
+
+    def rows(t):
+        return None if t is None else t.reshape(R, -1)[b0:b1]
+
+    def cache(t):
+        return t[b0:b1] if t.dim() == 4 and t.shape[0] == R else t
+
+    ins = [rows(inputs[0]), cache(inputs[1]), cache(inputs[2])]
+    if len(inputs) > 3:
+        p = inputs[3]
+        ins.append(p.reshape(-1)[b0:b1] if p is not None and p.numel() > 1 else p)
+        ins += [rows(t) for t in inputs[4:]]
+    rest = {k: v for k, v in params.items() if k not in ("b_off", "b_count")}
+    return ins, [rows(outputs[0])], rest
+
+
 def attention_tile(inputs, outputs, params, ctx):
     """softmax(q.k^T * scale).v over cache rows [kv_start, kv_start+kv_len) ∩ [0, pos+1), or
     shard kv_shard of L equal pieces of that live window (regions.kv_window). The seed splits
@@ -53,7 +78,13 @@ def attention_tile(inputs, outputs, params, ctx):
     an empty window writes acc=0, m=-inf, l=0. Only heads [h_off, h_off+h_count) are written.
     flags bit 2 (NEW_KV, ext): inputs = [q, k_cache, v_cache, pos, k_new, v_new] and cache row
     pos is read as k_new / v_new (``[B?, n_kv*head_dim]``, cast to the caches' dtypes): the
-    step's KV_APPEND may then run after the attention (passes/defer_kv_append.py)."""
+    step's KV_APPEND may then run after the attention (passes/defer_kv_append.py); with a
+    position per sequence (a cache per row) sequence b's row pos[b].
+    b_off/b_count (ext, split_kv's batched tasks): only query rows (sequences) [b_off,
+    b_off+b_count) are computed and written, each with its own cache (a cache per row), its
+    own position (a pos per row) and its own new k/v rows (regions.seq_range)."""
+    if "b_off" in params or "b_count" in params:
+        inputs, outputs, params = own_sequences(inputs, outputs, params)
     hd = int(params["head_dim"])
     q_in = inputs[0]
     n_heads = int(params.get("n_heads", q_in.shape[-2] if q_in.dim() >= 2 and q_in.shape[-1] == hd
@@ -103,14 +134,16 @@ def attention_tile(inputs, outputs, params, ctx):
     kw = f32(k[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)                  # [B, G, L, hd]
     vw = f32(v[:, lo:hi, g0:g1]).permute(0, 2, 1, 3)
     if int(params.get("flags", 0)) & NEW_KV:
-        if block:
+        if block and B != R:
             raise ValidationError("attention: flags NEW_KV (one new row per sequence) does not "
                                   "apply to a block of positions; append the block first")
-        p = host_int(pos, ctx)
-        if lo <= p < hi:                                              # the new row is in the window
-            for w, new, cache in ((kw, inputs[4], k), (vw, inputs[5], v)):
-                row = new.reshape(B, n_kv, hd).to(cache.dtype)[:, g0:g1]
-                w[:, :, p - lo] = f32(row)
+        # sequence b's new row is its cache row pos (pos[b]: each sequence at its own, ext)
+        ps = [int(p) for p in pos.reshape(-1).tolist()] if block else [host_int(pos, ctx)] * B
+        for w, new, cache in ((kw, inputs[4], k), (vw, inputs[5], v)):
+            row = new.reshape(B, n_kv, hd).to(cache.dtype)[:, g0:g1]
+            for b, p in enumerate(ps):
+                if lo <= p < hi:                                      # the new row is in the window
+                    w[b, :, p - lo] = f32(row[b])
     scores = (qg @ kw.transpose(-1, -2)) * scale                      # [R, G, rep, L]
     cap = float(params.get("softcap", 0.0))
     if cap > 0:                                                       # ext: Gemma 2's soft-cap

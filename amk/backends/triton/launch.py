@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import triton
 
+from amk.backends.reference.semantics_attention import own_sequences
 from amk.backends.reference.semantics_common import column_range as _column_range
 from amk.errors import ValidationError
 from amk.program.ir import DType, InstructionKind as K, Task
@@ -266,6 +267,8 @@ def _attention_tile(inputs, outputs, params):
         raise ValidationError("attention: flags NEW_KV (the new row read from k_new/v_new) is a "
                               "CUDA megakernel schedule; the triton backend runs the cache append "
                               "first (PassOptions(defer_kv_append=False), its default)")
+    if "b_off" in params or "b_count" in params:    # views of the task's own sequences
+        inputs, outputs, params = own_sequences(inputs, outputs, params)
     hd = int(params["head_dim"])
     q = _dense(inputs[0], "q")
     n_heads = int(params.get("n_heads", q.shape[-2] if q.dim() >= 2 and q.shape[-1] == hd

@@ -581,3 +581,19 @@ def test_attention_sliding_window_and_softcap(window, cap):
         s = torch.tanh(s / cap) * cap
     want = torch.einsum("hl,lhd->hd", torch.softmax(s, -1), vv)
     close(y.view(n_heads, hd), want, 1e-4)
+
+
+def test_attention_of_one_sequence_of_a_batch_writes_only_its_rows():
+    """b_off/b_count (split_kv's batched tasks): sequence 1 of 3 (its cache, heads 2..3) into a
+    sequence-major partial [1, 3*n_heads*(hd+2)]; the other sequences' rows stay untouched."""
+    n_heads, n_kv, hd, max_seq, B = 4, 2, 8, 24, 3
+    q = torch.randn(B, n_heads * hd)
+    k, v = torch.randn(B, max_seq, n_kv, hd), torch.randn(B, max_seq, n_kv, hd)
+    pos = torch.tensor([13], dtype=torch.int32)
+    params = {"head_dim": hd, "n_heads": n_heads, "n_kv_heads": n_kv, "flags": 2,
+              "h_off": 2, "h_count": 2, "b_off": 1, "b_count": 1}
+    (p,) = run(K.ATTENTION_TILE, [q, k, v, pos], [(1, B * n_heads * (hd + 2))], params)
+    rows = p.view(B, n_heads, hd + 2)
+    assert torch.isnan(rows[0]).all() and torch.isnan(rows[2]).all() and torch.isnan(rows[1, :2]).all()
+    _, want = _attention_ref(q[1].view(n_heads, hd), k[1], v[1], 0, 14, 1 / math.sqrt(hd))
+    close(rows[1, 2:], want[2:], 1e-4)

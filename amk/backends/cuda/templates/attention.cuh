@@ -29,15 +29,16 @@ __device__ __forceinline__ void attn_new_row(const TaskDesc& d, void* const* P, 
 // pos, then a split-KV shard's piece KV_SHARD of L pieces of that live window, L the live
 // shard count (SHARD_ROWS > 0: AMK's count from the live rows, kv_live_shards; else
 // KV_SHARDS). Returns false for a shard >= L: it writes nothing (the combine reads only the
-// first L partials). pos: the position (0 without one).
-__device__ __forceinline__ bool attn_window(const TaskDesc& d, void* const* P, long long& lo, long long& hi,
-                                            long long& pos) {
+// first L partials). pos: sequence b's position (pos[b] when POS_SEQ; 0 without one).
+__device__ __forceinline__ bool attn_window(const TaskDesc& d, void* const* P, int b, long long& lo,
+                                            long long& hi, long long& pos) {
   lo = d.ip[P_ATTN_KV_START];
   hi = lo + d.ip[P_ATTN_KV_LEN];
   if (hi > d.ip[P_ATTN_MAX_SEQ]) hi = d.ip[P_ATTN_MAX_SEQ];
   pos = 0;
   if (d.ip[P_ATTN_HAS_POS]) {
-    pos = read_int(P[3], d.ip[P_ATTN_POS64]);
+    const int i = d.ip[P_ATTN_POS_SEQ] ? b : 0, is64 = d.ip[P_ATTN_POS64];
+    pos = read_int((const char*)P[3] + (long long)i * (is64 ? 8 : 4), is64);
     kv_live_window(pos, d.ip[P_ATTN_WINDOW], lo, hi);
   }
   if (hi < lo) hi = lo;
@@ -107,14 +108,12 @@ template <class TQ, class TK, class TV, class TO, class TN, class TF, bool CAP>
 __device__ __noinline__ void op_attention(AMK_PARAMS) {
   constexpr int HG = 8;                               // q heads per pass (registers per thread)
   const int hd = d.ip[P_ATTN_HD], nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];
-  const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT], B = d.ip[P_ATTN_B];
+  const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT];
+  const int b0 = d.ip[P_ATTN_B_OFF], b1 = b0 + d.ip[P_ATTN_B_COUNT];
   const long long max_seq = d.ip[P_ATTN_MAX_SEQ];
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
-  long long lo, hi, p_unused;
-  if (!attn_window(d, P, lo, hi, p_unused)) return;        // not a live shard this step
-  const int n = (int)(hi - lo);
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   float* qs = (float*)smem;                          // [HG][hd]
@@ -123,12 +122,15 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
   float* red = sc + HG * NT;                         // [PG][HG][hd] partial P·V sums
   float* kn = red + PG * HG * hd;                    // NEW_KV: the new k and v rows [2][hd]
   const bool new_kv = d.ip[P_ATTN_NEW_KV] != 0;
-  const long long pos = new_kv ? read_int(P[3], d.ip[P_ATTN_POS64]) : -1;
   __shared__ float m_run[HG], l_run[HG], alpha[HG];
   constexpr int KV = VecN<TK>::N;
   const bool kvec = (hd % KV) == 0;
 
-  for (int b = 0; b < B; b++)
+  for (int b = b0; b < b1; b++) {
+    long long lo, hi, pb;
+    if (!attn_window(d, P, b, lo, hi, pb)) continue;        // not a live shard of b this step
+    const int n = (int)(hi - lo);
+    const long long pos = new_kv ? pb : -1;
     for (int g = h0 / rep; g < (h0 + hc) / rep; g++)
       for (int hs0 = 0; hs0 < rep; hs0 += HG) {
         const int nhs = rep - hs0 < HG ? rep - hs0 : HG;
@@ -215,6 +217,7 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
         __syncthreads();
         attn_write<HG>(out, red, m_run, l_run, nhs, hd, PG, (long long)b * nh + hbase, partial, n);
       }
+  }
 }
 
 // The same attention with the shard's K and V rows staged in shared memory by 16-byte cp.async,
@@ -344,14 +347,12 @@ template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, in
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;
   const int hd = HDC, nh = d.ip[P_ATTN_NH], nkv = d.ip[P_ATTN_NKV];   // HDC: the head dim, a constant
-  const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT], B = d.ip[P_ATTN_B];
+  const int h0 = d.ip[P_ATTN_H_OFF], hc = d.ip[P_ATTN_H_COUNT];
+  const int b0 = d.ip[P_ATTN_B_OFF], b1 = b0 + d.ip[P_ATTN_B_COUNT];
   const long long max_seq = d.ip[P_ATTN_MAX_SEQ];
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
-  long long lo, hi, pos;
-  if (!attn_window(d, P, lo, hi, pos)) return;              // not a live shard this step
-  const int n = (int)(hi - lo);                              // the live window: the shard's rows
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   const AttnLayout L = attn_layout(hd, (int)sizeof(TK), (int)sizeof(TV), HG);
@@ -369,7 +370,10 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int KV = VecN<TK>::N;
   const long long rstride = (long long)nkv * hd;
 
-  for (int b = 0; b < B; b++)
+  for (int b = b0; b < b1; b++) {
+    long long lo, hi, pos;
+    if (!attn_window(d, P, b, lo, hi, pos)) continue;       // not a live shard of b this step
+    const int n = (int)(hi - lo);                            // the live window: the shard's rows
     for (int g = h0 / rep; g < (h0 + hc) / rep; g++)
       for (int hs0 = 0; hs0 < rep; hs0 += HG) {
         const int nhs = rep - hs0 < HG ? rep - hs0 : HG;      // == HG unless HG does not divide rep
@@ -476,4 +480,5 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         attn_write<HG>(out, red, m_run, l_run, nhs, hd, PG, (long long)b * nh + hbase, partial, n);
         AMK_MARK(7);
       }
+  }
 }

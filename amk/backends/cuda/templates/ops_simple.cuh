@@ -195,23 +195,28 @@ __device__ __noinline__ void op_kv_append(AMK_PARAMS) {
   const long long rowlen = d.ip[P_KV_ROWLEN];
   const int n = d.ip[P_KV_NROWS], max_seq = d.ip[P_KV_MAX_SEQ], B = d.ip[P_KV_B];
   const int rhd = d.ip[P_KV_ROPE_HD], half = rhd / 2;
-  const long long p = d.ip[P_KV_HAS_POS] ? read_int(P[1], d.ip[P_KV_POS64]) : (long long)d.ip[P_KV_POS_PARAM];
-  if (p < 0 || p > max_seq - n) { if (threadIdx.x == 0) raise_fault(st, FAULT_KV_POS, d.task_id, (int)p); return; }
+  const int seq = d.ip[P_KV_POS_SEQ], is64 = d.ip[P_KV_POS64];   // seq: sequence b at pos[b]
+  const long long p = d.ip[P_KV_HAS_POS] ? read_int(P[1], is64) : (long long)d.ip[P_KV_POS_PARAM];
+  for (int b = 0; b < (seq ? B : 1); b++) {
+    const long long pb = seq ? read_int((const char*)P[1] + (long long)b * (is64 ? 8 : 4), is64) : p;
+    if (pb < 0 || pb > max_seq - n) { if (threadIdx.x == 0) raise_fault(st, FAULT_KV_POS, d.task_id, (int)pb); return; }
+  }
   const TN* src = (const TN*)P[0]; TC* cache = (TC*)P[d.n_in];
   const long long per_b = (long long)n * rowlen;
   for (long long i = threadIdx.x; i < B * per_b; i += NT) {
     long long b = i / per_b, k = i - b * per_b;
+    const long long pb = seq ? read_int((const char*)P[1] + b * (is64 ? 8 : 4), is64) : p;
     TN v = src[i];
     if (rhd) {
       const int j = (int)(i % rhd), fj = j < half ? j : j - half;
       const float inv = d.ip[P_KV_ROPE_INV] ? to_f(((const TF*)P[2])[fj])
                                              : rope_inv_pow(d.fp[F_KV_THETA], fj, half);
       float sn, cs;
-      sincosf((float)p * inv, &sn, &cs);
+      sincosf((float)pb * inv, &sn, &cs);
       const float x = to_f(v);
       v = from_f<TN>(j < half ? x * cs - to_f(src[i + half]) * sn : x * cs + to_f(src[i - half]) * sn);
     }
-    cache[(b * max_seq + p) * rowlen + k] = Cast<TC, TN>::go(v);
+    cache[(b * max_seq + pb) * rowlen + k] = Cast<TC, TN>::go(v);
   }
 }
 
@@ -334,15 +339,29 @@ __device__ __noinline__ void op_dequant(AMK_PARAMS) {
   }
 }
 
+// The partials this step's combine merges: the first kv_live_shards(...) of its np (AMK's live
+// count, SHARD_ROWS > 0: from the attention's window params and pos, the input after the
+// partials; regions.combine_live), else all np. The shards past them wrote nothing this step.
+// Row b's position (pos[b] when POS_SEQ).
+__device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int np, int b) {
+  const int rows = d.ip[P_COMB_SHARD_ROWS];
+  if (rows <= 0) return np;
+  long long lo = d.ip[P_COMB_KV_START], hi = lo + d.ip[P_COMB_KV_LEN];
+  const int is64 = d.ip[P_COMB_POS64], i = d.ip[P_COMB_POS_SEQ] ? b : 0;
+  kv_live_window(read_int((const char*)P[np] + (long long)i * (is64 ? 8 : 4), is64), d.ip[P_COMB_WINDOW], lo, hi);
+  return kv_live_shards((int)(hi - lo), np, rows);
+}
+
 // op_combine when its partials cannot be staged in shared memory (the 1B step's 16 live partials
-// at context 4096 are 135 KB, the staging area below the o tile's preload 68 KB): read from global
-// memory. A thread merges 4 consecutive outputs of one head, as the staged path does (same order:
-// same bits), with every partial's loads of a phase issued at once (the loops unrolled to NPC):
-// a scalar loop over the partials, an output a thread, was two dependent L2 round trips a
-// partial, 13 us a task at 4096 (NOTES v22). Out of line: never-run code inside a hot function
-// costs time (NOTES v16). The first np of its NPC partials.
+// at context 4096 are 135 KB, the staging area below the o tile's preload 68 KB; a batch's):
+// read from global memory. A thread merges 4 consecutive outputs of one head of one row, as the
+// staged path does (same order: same bits), with every partial's loads of a phase issued at
+// once (the loops unrolled to NPC): a scalar loop over the partials, an output a thread, was
+// two dependent L2 round trips a partial, 13 us a task at 4096 (NOTES v22). Out of line:
+// never-run code inside a hot function costs time (NOTES v16). The first np of its NPC
+// partials; with a position a row (POS_SEQ), row b's own count.
 template <class TP, class TO, int NPC>
-__device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, char* smem, int hd, int np) {
+__device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, char* smem, int hd, int np0) {
   const int nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT], B = d.ip[P_COMB_B];
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
@@ -350,6 +369,7 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
   for (int i0 = V * threadIdx.x; i0 < n; i0 += V * NT) {
     const int b = i0 / (hc * hd), r = i0 - b * hc * hd, h = h0 + r / hd, dd = r % hd;
     const long long base = ((long long)b * nh + h) * (hd + 2);
+    const int np = d.ip[P_COMB_POS_SEQ] ? comb_live(d, P, NPC, b) : np0;
     float mp[NPC], mx = -__int_as_float(0x7f800000);
 #pragma unroll
     for (int p = 0; p < NPC; p++) {
@@ -376,16 +396,6 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
   }
 }
 
-// The partials this step's combine merges: the first kv_live_shards(...) of its np (AMK's live
-// count, SHARD_ROWS > 0: from the attention's window params and pos, the input after the
-// partials; regions.combine_live), else all np. The shards past them wrote nothing this step.
-__device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int np) {
-  const int rows = d.ip[P_COMB_SHARD_ROWS];
-  if (rows <= 0) return np;
-  long long lo = d.ip[P_COMB_KV_START], hi = lo + d.ip[P_COMB_KV_LEN];
-  kv_live_window(read_int(P[np], d.ip[P_COMB_POS64]), d.ip[P_COMB_WINDOW], lo, hi);
-  return kv_live_shards((int)(hi - lo), np, rows);
-}
 
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 // TO_SMEM (batch 1, every head; folds.norm_into_smem): the result goes, rounded through TO,
@@ -402,7 +412,7 @@ __device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int 
 template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int hd = HDC, nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
-  const int B = d.ip[P_COMB_B], np = comb_live(d, P, NPC);
+  const int B = d.ip[P_COMB_B], np = comb_live(d, P, NPC, 0);
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
