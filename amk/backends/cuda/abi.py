@@ -96,12 +96,12 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # the live shards only (regions.live_shards). Sequences [B_OFF, B_OFF + B_COUNT) of the
     # cache's (regions.seq_range); POS_SEQ: sequence b at pos[b], else every one at pos[0]
     "ATTN": ("HD", "NH", "NKV", "KV_START", "KV_LEN", "FLAGS", "H_OFF", "H_COUNT", "B_OFF",
-             "B_COUNT", "POS_SEQ", "MAX_SEQ", "POS64", "HAS_POS", "KES", "VES", "Q_ROPE",
+             "B_COUNT", "POS_SEQ", "MAX_SEQ", "POS64", "HAS_POS", "Q_ROPE",
              "ROPE_INV", "NEW_KV", "K_ROPE",
              "KV_SHARD", "KV_SHARDS", "WINDOW",    # WINDOW > 0: rows (pos - WINDOW, pos] only
              "SHARD_ROWS",
-             "QN_ARG", "KN_ARG"),   # > 0: the input holding q's / the new k row's norm weight
-                                    # (folds.norm_into_attention), eps QKN_EPS
+             "QKN_ARGS"),   # q's norm weight at input QKN_ARGS & 255, the new k row's at >> 8
+                            # (0: none; folds.norm_into_attention), eps QKN_EPS
     # op_ewx (templates/ops_models.cuh): unary ops and COPY's column move; x read at
     # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
     "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),

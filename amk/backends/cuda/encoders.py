@@ -329,7 +329,7 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
                 H_COUNT=hc, B_OFF=b0, B_COUNT=b1 - b0, POS_SEQ=int(pos_seq), MAX_SEQ=max_seq,
                 POS64=int_input(t, ins[3], "attention pos") if has_pos else 0,
-                HAS_POS=int(has_pos), KES=kc.esize, VES=vc.esize, NEW_KV=int(new_kv),
+                HAS_POS=int(has_pos), NEW_KV=int(new_kv),
                 KV_SHARD=int(p.get("kv_shard", 0)), KV_SHARDS=int(p.get("kv_shards", 1)),
                 WINDOW=int(p.get("window", 0)), SHARD_ROWS=int(p.get("kv_shard_rows", 0)))
     if (e.ip["WINDOW"] or e.ip["SHARD_ROWS"]) and not has_pos:

@@ -199,12 +199,14 @@ def norm_into_attention(f: Fused) -> Fused:
         j = readers[0]
         a, aa, ao = out[j]
         slot = next((k for k in (0, 4) if k < len(aa) and aa[k].ref == no[0].ref), None)
-        flag = {0: "QN_ARG", 4: "KN_ARG"}.get(slot)
+        shift = {0: 0, 4: 8}.get(slot)                 # QKN_ARGS: q's weight & 255, k's >> 8
+        have = a.ip.get("QKN_ARGS", 0)
         x, w = na[0], na[1]
         eps = a.fp.get("QKN_EPS", nrm.fp["EPS"])
         between = [v.ref for st in out[i + 1:j] if st is not None for v in st[2]]
-        if not (flag and a.is_fn("op_attention_smem") and a.ip["B"] == 1 and not a.ip.get(flag)
+        if not (shift is not None and a.is_fn("op_attention_smem") and not (have >> shift) & 255
                 and (slot == 0 or a.ip.get("NEW_KV")) and nrm.ip["H"] == a.ip["HD"]
+                and aa[0].numel == a.ip["NH"] * a.ip["HD"]          # batch 1 (GPU-tested so)
                 and sum(v.ref == no[0].ref for v in aa) == 1
                 and x.dtype == no[0].dtype == w.dtype and x.numel == no[0].numel
                 and w.numel == a.ip["HD"] and eps == nrm.fp["EPS"]
@@ -214,7 +216,8 @@ def norm_into_attention(f: Fused) -> Fused:
         args[slot] = x
         at = len(args) - 1 if a.ip.get("ROPE_INV") else len(args)
         args.insert(at, w)
-        e = Encoded(a.op, a.variant.with_(qkn=True), dict(a.ip, **{flag: at}),
+        assert at < 256
+        e = Encoded(a.op, a.variant.with_(qkn=True), dict(a.ip, QKN_ARGS=have | at << shift),
                     dict(a.fp, QKN_EPS=eps), a.group)
         out[j] = (e, args, ao)
         out[i] = None

@@ -251,7 +251,7 @@ def test_qwen3_q_k_norms_fold_into_the_attention_and_its_kernel_spills_nowhere()
     for ft in attn:
         (e, args, _), = ft.steps                        # the norms and ropes all folded
         assert e.variant.arg("qkn") is True and e.ip["Q_ROPE"] and e.ip["K_ROPE"]
-        qn, kn = e.ip["QN_ARG"], e.ip["KN_ARG"]
+        qn, kn = e.ip["QKN_ARGS"] & 255, e.ip["QKN_ARGS"] >> 8
         assert {qn, kn} == {6, 7} and len(args) == 9     # q..v_new, the weights, inverse freqs
         assert args[qn].numel == args[kn].numel == cfg.head_dim
     res = compile_source(render(prog), "sm_90a")

@@ -272,8 +272,8 @@ __device__ __forceinline__ AttnLayout attn_layout(int hd, int kes, int ves, int 
 // kn (NEW_KV's new k row of the kv head, and vn its v row), nrow[0:2 hd) = those rows as the
 // cache stores them, k rotated first when K_ROPE. One loop: one inlined sin/cos (a second copy
 // raised the register pressure of every device function, NOTES v11).
-// QKN (folds.norm_into_attention): q's heads (QN_ARG > 0) and/or the new k row (KN_ARG > 0) are
-// RMS-normalised here first, per head, with the weight at P[QN_ARG] / P[KN_ARG]: op_rmsnorm's
+// QKN (folds.norm_into_attention): q's heads and/or the new k row are RMS-normalised here
+// first, per head, with the weights at the inputs QKN_ARGS names (q: & 255, k: >> 8): op_rmsnorm's
 // formula, summation order and rounding (rms_rows_warp), so the bits of the unfused steps.
 template <bool QKN, class T>
 __device__ __forceinline__ float attn_in(const T* src, int i, int hd, const float* rs, const T* w) {
@@ -286,8 +286,9 @@ __device__ __forceinline__ void attn_stage_q(const TaskDesc& d, void* const* P, 
                                              int n, int hd, float p, const TN* kn, const TN* vn, float* nrow) {
   const int half = hd / 2, nk = kn ? hd : 0;
   __shared__ float nrs[9];                           // QKN: 1 / rms of each q head of the pass, then k
-  const TQ* wq = QKN && d.ip[P_ATTN_QN_ARG] ? (const TQ*)P[d.ip[P_ATTN_QN_ARG]] : nullptr;
-  const TN* wk = QKN && kn && d.ip[P_ATTN_KN_ARG] ? (const TN*)P[d.ip[P_ATTN_KN_ARG]] : nullptr;
+  const int qa = QKN ? d.ip[P_ATTN_QKN_ARGS] & 255 : 0, ka = QKN ? d.ip[P_ATTN_QKN_ARGS] >> 8 : 0;
+  const TQ* wq = qa ? (const TQ*)P[qa] : nullptr;
+  const TN* wk = kn && ka ? (const TN*)P[ka] : nullptr;
   if (QKN) {
     const int nq = n / hd, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (w < nq + 1 && (w < nq ? wq != nullptr : wk != nullptr)) {
