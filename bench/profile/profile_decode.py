@@ -11,7 +11,7 @@ start, wait end and end), runs a few warm steps, and prints from the last one:
   * the span of the whole step.
 
     python bench/profile/profile_decode.py --context 1024 [--model qwen3-0.6b] [--max-seq 8192]
-        [--layers 16] [--json out.json]
+        [--batch 16] [--layers 16] [--json out.json]
 """
 from __future__ import annotations
 
@@ -166,6 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(PRESETS),
                     help="the preset shape (default %(default)s)")
     ap.add_argument("--max-seq", type=int, default=8192, help="KV cache rows (default %(default)s)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a step (default %(default)s)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -174,16 +175,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not have_gpu(__file__):
         return 2
-    step, args, cfg = cuda_step(a.context, a.layers, a.model, a.max_seq)
+    step, args, cfg = cuda_step(a.context, a.layers, a.model, a.max_seq, a.batch)
     exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)
     knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("AMK_")}
     print("knobs set: " + " ".join(f"{k}={v}" for k, v in knobs.items()))
-    print(f"{a.model}, context {a.context}, max_seq {a.max_seq}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
+    print(f"{a.model}, batch {a.batch}, context {a.context}, max_seq {a.max_seq}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")
     print_summary(s, cfg.n_layers // 2)
     if a.json:
         raw = {"rows": [[int(v) for v in r] for r in rows]} if a.raw else {}
-        Path(a.json).write_text(json.dumps({"model": a.model, "context": a.context, "max_seq": a.max_seq, **s, **raw}, indent=1))
+        Path(a.json).write_text(json.dumps({"model": a.model, "context": a.context, "max_seq": a.max_seq, "batch": a.batch, **s, **raw}, indent=1))
     return 0
 
 
