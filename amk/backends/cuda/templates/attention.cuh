@@ -114,6 +114,9 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
+  long long lo, hi, pb;                 // sequence b0's window first: its pos load overlaps the setup
+  bool live = attn_window(d, P, b0, lo, hi, pb);
+  if (!live && b1 - b0 == 1) return;                         // not a live shard this step
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   float* qs = (float*)smem;                          // [HG][hd]
@@ -127,8 +130,8 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
   const bool kvec = (hd % KV) == 0;
 
   for (int b = b0; b < b1; b++) {
-    long long lo, hi, pb;
-    if (!attn_window(d, P, b, lo, hi, pb)) continue;        // not a live shard of b this step
+    if (b > b0) live = attn_window(d, P, b, lo, hi, pb);
+    if (!live) continue;                                     // not a live shard of b this step
     const int n = (int)(hi - lo);
     const long long pos = new_kv ? pb : -1;
     for (int g = h0 / rep; g < (h0 + hc) / rep; g++)
@@ -354,6 +357,9 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
+  long long lo, hi, pos;                // sequence b0's window first: its pos load overlaps the setup
+  bool live = attn_window(d, P, b0, lo, hi, pos);
+  if (!live && b1 - b0 == 1) return;                         // not a live shard this step
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
   const AttnLayout L = attn_layout(hd, (int)sizeof(TK), (int)sizeof(TV), HG);
@@ -372,8 +378,8 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const long long rstride = (long long)nkv * hd;
 
   for (int b = b0; b < b1; b++) {
-    long long lo, hi, pos;
-    if (!attn_window(d, P, b, lo, hi, pos)) continue;       // not a live shard of b this step
+    if (b > b0) live = attn_window(d, P, b, lo, hi, pos);
+    if (!live) continue;                                     // not a live shard of b this step
     const int n = (int)(hi - lo);                            // the live window: the shard's rows
     for (int g = h0 / rep; g < (h0 + hc) / rep; g++)
       for (int hs0 = 0; hs0 < rep; hs0 += HG) {
