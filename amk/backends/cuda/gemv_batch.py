@@ -10,7 +10,7 @@ as op_gemv_direct loads float weights.
 The work area [0, PRE_OFF) holds x as bf16 (MP rows of a window of KW elements of K, each row
 padded against bank conflicts), the sums (NMAT x rows x MP x CH chunks, fp32) and the norm's
 per-row scratch. The plan takes the fewest passes over the weights (MP = 8 NB rows of x a
-pass), then the fewest windows, then the most items (chunks of fewest segments).
+pass), then enough items for every warp, then the fewest windows, then the most items (plan).
 """
 from __future__ import annotations
 
@@ -49,19 +49,35 @@ def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int) -
     return x + 4 * (nmat * rows16 * mp * ch + mp * NWARPS + mp)
 
 
+def items(qmode: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
+    """A window's items: (matrix, 16-row group, chunk of SPI segments), one warp's work each."""
+    return nmat * -(-n_tile // 16) * -(-kw // (spi * segment(qmode)))
+
+
 def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False) -> MmaPlan | None:
     """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices (None: no plan fits;
-    NORM needs all of K in one window)."""
+    NORM needs all of K in one window). The fewest passes over the weights first; then items
+    for every warp (a window's items are all its parallelism: the 1B down projection at batch
+    16 took one 4096-wide window of 3 items, 3 of 16 warps loading, 93 us a tile); then the
+    fewest windows (a window is two barriers, its x staged once either way); then the most
+    items. For each window the most items it fits are its smallest SPI's."""
     seg = segment(qmode)
     nseg = -(-K // seg)
     for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
         kws = sorted({-(-nseg // w) * seg for w in range(1, nseg + 1)}, reverse=True)
+        fits = []
         for kw in kws:
             if norm and kw < K:
                 break
-            for spi in range(1, kw // seg + 1):
-                if smem_bytes(qmode, nb, kw, spi, n_tile, nmat) <= BUDGET:
-                    return MmaPlan(nb, kw, spi)
+            spi = next((s for s in range(1, kw // seg + 1)
+                        if smem_bytes(qmode, nb, kw, s, n_tile, nmat) <= BUDGET), None)
+            if spi is not None:
+                fits.append(MmaPlan(nb, kw, spi))
+        if fits:
+            def rank(p: MmaPlan):
+                n = items(qmode, p.kw, p.spi, n_tile, nmat)
+                return (-min(n, NWARPS), -(-K // p.kw), -n)
+            return min(fits, key=rank)
     return None
 
 

@@ -85,6 +85,18 @@ def test_plans_fit_the_work_area_and_take_the_fewest_passes():
     assert gemv_batch.plan(16, 2048, 24, 1, 0, norm=True).kw >= 2048
 
 
+def test_plans_give_every_warp_an_item_where_a_window_can():
+    """The 1B step's GEMVs at batch 16 (down 16 rows of K 8192, gate/up 64 of two matrices, q
+    24 with its norm, o 16): a window has an item for each of the CTA's warps; the down
+    projection takes three windows for it rather than one window of three items."""
+    for M, K, rows, nmat, norm in ((16, 8192, 16, 1, False), (16, 2048, 64, 2, True),
+                                   (16, 2048, 24, 1, True), (16, 2048, 16, 1, False), (4, 8192, 16, 1, False)):
+        p = gemv_batch.plan(M, K, rows, nmat, 0, norm=norm)
+        assert gemv_batch.items(0, p.kw, p.spi, rows, nmat) >= gemv_batch.NWARPS, (M, K, rows, p)
+    p = gemv_batch.plan(16, 8192, 16, 1, 0)
+    assert -(-8192 // p.kw) == 3
+
+
 def test_a_batched_step_folds_as_the_batch_1_step_does():
     """Batch 16: q/k/v and the LM head take their norm (one step), gate/up/silu are one GEMV of
     two matrices, o and down add the residual, the LM head's tiles write argmax partials of
