@@ -54,9 +54,10 @@ def items(qmode: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
     return nmat * -(-n_tile // 16) * -(-kw // (spi * segment(qmode)))
 
 
-def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False) -> MmaPlan | None:
-    """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices (None: no plan fits;
-    NORM needs all of K in one window). The fewest passes over the weights first; then items
+def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
+         budget: int = BUDGET) -> MmaPlan | None:
+    """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes of
+    shared memory (None: no plan fits; NORM needs all of K in one window). The fewest passes over the weights first; then items
     for every warp (a window's items are all its parallelism: the 1B down projection at batch
     16 took one 4096-wide window of 3 items, 3 of 16 warps loading, 93 us a tile); then the
     fewest windows (a window is two barriers, its x staged once either way); then the most
@@ -70,7 +71,7 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False)
             if norm and kw < K:
                 break
             spi = next((s for s in range(1, kw // seg + 1)
-                        if smem_bytes(qmode, nb, kw, s, n_tile, nmat) <= BUDGET), None)
+                        if smem_bytes(qmode, nb, kw, s, n_tile, nmat) <= budget), None)
             if spi is not None:
                 fits.append(MmaPlan(nb, kw, spi))
         if fits:
@@ -96,10 +97,17 @@ def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, nb, tr="float", to=No
                       zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw)
 
 
-def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None) -> MmaPlan | None:
-    """The plan of an op_gemv_mma step once a fold changes its matrices or adds the norm."""
+def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None,
+           budget: int = BUDGET) -> MmaPlan | None:
+    """The plan of an op_gemv_mma step once a fold changes its matrices or adds the norm, or in
+    a smaller budget."""
     return plan(ip["M"], ip["K"], ip["N_TILE"], nmat or v.arg("nmat"), v.arg("qmode"),
-                v.arg("norm") if norm is None else norm)
+                v.arg("norm") if norm is None else norm, budget)
+
+
+def step_bytes(v: Variant, ip: dict) -> int:
+    """The work area an op_gemv_mma step's plan uses."""
+    return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"))
 
 
 def plan_ip(p: MmaPlan) -> dict:

@@ -19,7 +19,7 @@ from amk.backends.cuda.folds import fold_steps
 from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
-from amk.backends.cuda.ring import mark_ring_steps
+from amk.backends.cuda.ring import fit_below_ring, mark_ring_steps
 from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask,
                                      Fused, View, fail)
 from amk.backends.cuda.tables import Lowered, pack
@@ -47,6 +47,8 @@ def fold_program(program: Program, n_ctas: int = 132,
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
         tasks.append(ft)
+    if options.kernel == "v2":
+        fit_below_ring(tasks)
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
     return Folded(tasks, queues, scratch)

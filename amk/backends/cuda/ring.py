@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from amk.program.ir import BufferKind
-from amk.backends.cuda.smem import RING_BYTES
-from amk.backends.cuda.steps import FoldedTask
+from amk.backends.cuda import gemv_batch
+from amk.backends.cuda.smem import RING_BYTES, RING_OFF
+from amk.backends.cuda.steps import FoldedTask, fail
 
 SEG_BYTES = 4096            # one K segment of a row: op_gemv_direct's 32 lanes x GU 8 x 16 B
 MAX_PAGES = 16              # page p is read by consumer warp p only (op_gemv_direct's 16 warps)
@@ -116,3 +117,26 @@ def mark_ring_steps(ft: FoldedTask) -> FoldedTask:
                             ip=dict(enc.ip, RING=nmat, ROWB=rowb, PITCH=pitch)), args, outs)
         changed = True
     return replace(ft, steps=steps) if changed else ft
+
+
+def fit_below_ring(tasks: list[FoldedTask]) -> None:
+    """In a v2 program that streams (any RING step), every op_gemv_mma step's work area ends
+    below the ring, replanned there if its v1 plan (up to PRE_OFF) reaches into it: the
+    producer fills pages for later tasks while the step runs. In place; an error where no plan
+    fits."""
+    if not any(e.variant.arg("ring") for ft in tasks for e, _, _ in ft.steps if e.is_fn("op_gemv_direct")):
+        return
+    for k, ft in enumerate(tasks):
+        steps, changed = list(ft.steps), False
+        for i, (e, args, outs) in enumerate(steps):
+            if not e.is_fn("op_gemv_mma") or gemv_batch.step_bytes(e.variant, e.ip) <= RING_OFF:
+                continue
+            p = gemv_batch.replan(e.variant, e.ip, budget=RING_OFF)
+            if p is None:
+                fail(ft.task, f"kernel v2: this GEMV's work area does not fit below the weight ring "
+                              f"({RING_OFF} bytes); run it on kernel v1 (AMK_KERNEL=v1)")
+            steps[i] = (replace(e, variant=e.variant.with_(nb=p.nb), ip=dict(e.ip, **gemv_batch.plan_ip(p))),
+                        args, outs)
+            changed = True
+        if changed:
+            tasks[k] = replace(ft, steps=steps)

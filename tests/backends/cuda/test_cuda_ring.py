@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from amk.program.ir import InstructionKind as K
-from amk.backends.cuda import abi, ring, smem
-from amk.backends.cuda.lower import lower_program
+from amk.backends.cuda import abi, gemv_batch, ring, smem
+from amk.backends.cuda.lower import fold_program, lower_program
 from amk.backends.cuda.options import CudaOptions
 from amk.models.presets import PRESETS, random_model
-from amk.testing import cuda_examples as examples
+from amk.testing import cuda_examples as examples, mma_examples
 
 V2 = CudaOptions(kernel="v2")
 # (nmat, n_off, n_tile, row_bytes, pitch): K of 1024 / 2048 / 3072 / 8192 bf16, odd tiles, a row
@@ -222,3 +222,22 @@ def test_every_instruction_case_and_the_profile_build_compile_on_v2():
     assert any(v.fn == "op_gemv" for v in low.variants)              # stays on register loads
     res = compile_source(render(examples.combined_program(), opts), "sm_90a", cuda_options=opts)
     assert res.cubin[:4] == b"\x7fELF"
+
+
+def _mma_bytes(folded):
+    return [gemv_batch.step_bytes(e.variant, e.ip) for ft in folded.tasks for e, _, _ in ft.steps
+            if e.is_fn("op_gemv_mma")]
+
+
+def test_v2_plans_the_batched_gemvs_below_the_ring():
+    """A v2 program that streams (the instruction cases: float batch-1 GEMVs on the ring) runs its
+    op_gemv_mma steps' work areas below the ring: v1's plans of the mma cases (the 16 x 8192
+    bf16 and the int8 batch-64 ones, up to PRE_OFF) reach into it, where the producer fills
+    pages for later tasks while they run."""
+    prog = examples.combined_program(examples.cases() + mma_examples.cases())
+    v1 = _mma_bytes(fold_program(prog, 132, CudaOptions()))
+    folded = fold_program(prog, 132, V2)
+    v2 = _mma_bytes(folded)
+    assert any(e.variant.arg("ring") for ft in folded.tasks for e, _, _ in ft.steps if e.is_fn("op_gemv_direct"))
+    assert len(v1) == len(v2) and max(v1) > smem.RING_OFF >= max(v2)
+    assert [b for b in v1 if b <= smem.RING_OFF] == [b for b, c in zip(v2, v1) if c <= smem.RING_OFF]
