@@ -82,11 +82,13 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # BIAS_AT: the bias input's index (0: none; a quantized GEMV's bias is its last input)
     # RING (kernel v2, ring.py): NMAT when op_gemv_direct's weights stream through the ring, else
     # 0; ROWB: bytes of a row the GEMV reads; PITCH: bytes from one row to the next
-    # KW, SPI: op_gemv_mma's x window (elements of K) and K segments an item (gemv_batch.py);
+    # KW, SPI, RD: op_gemv_mma's x window (elements of K), K segments an item and the stages
+    # of each warp's weight ring (gemv_batch.py);
     # ARG_SLOTS: its EPI 3 partials a row of x (the argmax's tiles)
     # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
-             "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS", "GSHIFT"),
+             "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
+             "RD"),
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row

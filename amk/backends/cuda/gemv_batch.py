@@ -7,16 +7,20 @@ quantized GEMVs of bf16 x (int8, packed int4, fp8 E4M3; batch 1 takes op_gemv_qd
 gemv_quant.py, where it can): the weights are dequantised in registers after one direct load,
 as op_gemv_direct loads float weights.
 
-The work area [0, PRE_OFF) holds x as bf16 (MP rows of a window of KW elements of K, each row
-padded against bank conflicts), the sums (NMAT x rows x MP x CH chunks, fp32) and the norm's
-per-row scratch. The plan takes the fewest passes over the weights (MP = 8 NB rows of x a
-pass), then enough items for every warp, then the fewest windows, then the most items (plan).
+The work area holds x as bf16 (MP rows of a window of KW elements of K, each row padded against
+bank conflicts), the sums (NMAT x rows x MP x CH chunks, fp32), the norm's per-row scratch and
+each warp's ring of RD stages: the weights of one job (16 rows x one K segment, 2 KiB; quantized
+also the rows' scales and zeros) copied by cp.async, RD - 1 jobs ahead of the warp's compute,
+across its items and windows. The plan takes the fewest passes over the weights (MP = 8 NB rows
+of x a pass), then enough items for every warp, then rings of 3 stages or more, then the fewest
+windows, then the deepest ring (plan).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from amk.backends.cuda.smem import NTHREADS, PRE_OFF
+from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
 from amk.backends.cuda.steps import Variant
 
 NB_MAX = 4                       # n-tiles of 8 rows of x a pass (registers: 4 x 8 accumulators)
@@ -24,7 +28,15 @@ KU = 2                           # k-blocks (16-byte loads per row per lane) an 
 #                                  (4: ptxas spilled in op_gemv_mma and the scheduler)
 VW = {0: 8, 1: 16, 2: 32, 3: 16}  # elements of a 16-byte weight vector, by QMODE
 NWARPS = NTHREADS // 32
-BUDGET = PRE_OFF                 # bytes of the work area below the o tile's preload
+RD_MAX = 4                       # stages of a warp's ring (the template waits for up to 3 behind)
+RD_GOOD = 3                      # 2 stages ahead: 64 KiB an SM in flight, a window's x staging
+#                                  (~2 us) covered
+WINDOWS_MAX = 4                  # a window is two barriers and an x staging (~2 us): past 4 they
+#                                  cost more than a deeper ring gains
+# The whole dynamic shared memory: the o tile's preload (the top 64 KiB, preload.py) is issued
+# when the task before the o tile ends (or from its attention), so no op_gemv_mma task runs
+# while it is in flight or read.
+BUDGET = SMEM_BYTES
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,7 @@ class MmaPlan:
     nb: int                      # n-tiles a pass (template NB)
     kw: int                      # x window (ip KW)
     spi: int                     # K segments an item (ip SPI)
+    rd: int                      # stages of each warp's weight ring (ip RD)
 
 
 def segment(qmode: int) -> int:
@@ -39,14 +52,22 @@ def segment(qmode: int) -> int:
     return KU * 4 * VW[qmode]
 
 
-def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
+def stage_bytes(qmode: int) -> int:
+    """A ring stage (the template's MmaStage): 2 rows x KU k-blocks x 32 lanes of 16-byte
+    weight vectors, quantized then the words of their scales and zeros."""
+    w = 2 * KU * 32 * 16
+    return w + (0 if qmode == 0 else 2 * (2 * KU * 32 * 4))
+
+
+def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int, rd: int) -> int:
     """The work area a plan uses (the template's layout)."""
     mp = 8 * nb
     xstride = kw * 2 + (64 if qmode == 0 else 16)
     x = -(-mp * xstride // 16) * 16
     ch = -(-kw // (spi * segment(qmode)))
     rows16 = -(-n_tile // 16) * 16
-    return x + 4 * (nmat * rows16 * mp * ch + mp * NWARPS + mp)
+    sums = x + 4 * (nmat * rows16 * mp * ch + mp * NWARPS + mp)
+    return -(-sums // 16) * 16 + NWARPS * rd * stage_bytes(qmode)
 
 
 def items(qmode: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
@@ -54,14 +75,17 @@ def items(qmode: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
     return nmat * -(-n_tile // 16) * -(-kw // (spi * segment(qmode)))
 
 
+@functools.lru_cache(maxsize=None)
 def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
          budget: int = BUDGET) -> MmaPlan | None:
     """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes of
-    shared memory (None: no plan fits; NORM needs all of K in one window). The fewest passes over the weights first; then items
-    for every warp (a window's items are all its parallelism: the 1B down projection at batch
-    16 took one 4096-wide window of 3 items, 3 of 16 warps loading, 93 us a tile); then the
-    fewest windows (a window is two barriers, its x staged once either way); then the most
-    items. For each window the most items it fits are its smallest SPI's."""
+    shared memory (None: no plan fits; NORM needs all of K in one window). The fewest passes
+    over the weights first; then items for every warp (a window's items are all its
+    parallelism: the 1B down projection at batch 16 took one 4096-wide window of 3 items, 3 of
+    16 warps loading, 93 us a tile); then at most WINDOWS_MAX windows; then rings of RD_GOOD
+    stages (the loads in flight); then the fewest windows (a window is two barriers and its x staging); then the deepest ring;
+    then the fewest segments a warp runs and the fewest chunks (the epilogue adds them). For
+    every plan that fits is ranked (memoised: one search a shape)."""
     seg = segment(qmode)
     nseg = -(-K // seg)
     for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
@@ -70,14 +94,18 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
         for kw in kws:
             if norm and kw < K:
                 break
-            spi = next((s for s in range(1, kw // seg + 1)
-                        if smem_bytes(qmode, nb, kw, s, n_tile, nmat) <= budget), None)
-            if spi is not None:
-                fits.append(MmaPlan(nb, kw, spi))
+            for rd in range(1, RD_MAX + 1):
+                spi = next((s for s in range(1, kw // seg + 1)
+                            if smem_bytes(qmode, nb, kw, s, n_tile, nmat, rd) <= budget), None)
+                if spi is not None:          # a larger SPI needs less (fewer chunks' sums)
+                    fits += [MmaPlan(nb, kw, s, rd) for s in range(spi, kw // seg + 1)]
         if fits:
             def rank(p: MmaPlan):
                 n = items(qmode, p.kw, p.spi, n_tile, nmat)
-                return (-min(n, NWARPS), -(-K // p.kw), -n)
+                ch = -(-p.kw // (p.spi * seg))
+                windows = -(-K // p.kw)
+                return (-min(n, NWARPS), windows > WINDOWS_MAX, -min(p.rd, RD_GOOD), windows, -p.rd,
+                        -(-n // NWARPS) * p.spi, ch)
             return min(fits, key=rank)
     return None
 
@@ -107,8 +135,8 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
 
 def step_bytes(v: Variant, ip: dict) -> int:
     """The work area an op_gemv_mma step's plan uses."""
-    return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"))
+    return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"])
 
 
 def plan_ip(p: MmaPlan) -> dict:
-    return dict(KW=p.kw, SPI=p.spi)
+    return dict(KW=p.kw, SPI=p.spi, RD=p.rd)

@@ -76,7 +76,7 @@ def test_plans_fit_the_work_area_and_take_the_fewest_passes():
                                 (16, 2048, 64, 2, 0), (64, 8192, 16, 1, 2), (1, 2048, 972, 1, 1)):
         p = gemv_batch.plan(M, K, rows, nmat, q)
         assert p is not None
-        assert gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, rows, nmat) <= gemv_batch.BUDGET
+        assert gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, rows, nmat, p.rd) <= gemv_batch.BUDGET
         if p.nb < gemv_batch.NB_MAX and 8 * p.nb < M:      # one more n-tile does not fit at all
             assert gemv_batch.plan(8 * (p.nb + 1), K, rows, nmat, q).nb == p.nb
     assert gemv_batch.plan(16, 8192, 16, 1, 0).kw < 8192                # 256 KiB of x: windows
@@ -93,8 +93,9 @@ def test_plans_give_every_warp_an_item_where_a_window_can():
                                    (16, 2048, 24, 1, True), (16, 2048, 16, 1, False), (4, 8192, 16, 1, False)):
         p = gemv_batch.plan(M, K, rows, nmat, 0, norm=norm)
         assert gemv_batch.items(0, p.kw, p.spi, rows, nmat) >= gemv_batch.NWARPS, (M, K, rows, p)
+        assert p.rd >= gemv_batch.RD_GOOD, (M, K, rows, p)       # loads in flight
     p = gemv_batch.plan(16, 8192, 16, 1, 0)
-    assert -(-8192 // p.kw) == 3
+    assert -(-8192 // p.kw) <= gemv_batch.WINDOWS_MAX
 
 
 def test_a_batched_step_folds_as_the_batch_1_step_does():

@@ -103,18 +103,24 @@ __device__ __forceinline__ void mma_stage_x(char* xs, int xstride, const bf16* x
 
 // NORM (one window: K <= KW): the staged raw rows normalised in place as rms_row computes them
 // (thread partials over i = tid + k NT, warp butterflies, warps in order; round_bf16((x * rs) *
-// w)): the norm step's bits; then PERM. red: MP * NWARPS floats, rinv: MP.
+// w)): the norm step's bits; then PERM. Four rows' sums at once (their loads in flight
+// together), each row's in its own order. red: MP * NWARPS floats, rinv: MP.
 template <bool PERM3, bool PERM2, class NW>
 __device__ __forceinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc, float eps, const NW* nw,
                                            float* red, float* rinv) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll 1
-  for (int m = 0; m < mc; m++) {
-    const bf16* xr = (const bf16*)(xs + m * xstride);
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < Kd; i += NT) { const float v = to_f(xr[i]); ss += v * v; }
-    ss = warp_sum(ss);
-    if (lane == 0) red[m * NWARPS + warp] = ss;
+  for (int m = 0; m < mc; m += 4) {
+    float ss[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i = threadIdx.x; i < Kd; i += NT)
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        if (m + q < mc) { const float v = to_f(((const bf16*)(xs + (m + q) * xstride))[i]); ss[q] += v * v; }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const float s = warp_sum(ss[q]);
+      if (lane == 0 && m + q < mc) red[(m + q) * NWARPS + warp] = s;
+    }
   }
   __syncthreads();
   if (threadIdx.x < mc) {
@@ -127,6 +133,9 @@ __device__ __forceinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc
   const int nvec = Kd / 8;
   for (int i = threadIdx.x; i < mc * nvec; i += NT) {
     const int m = i / nvec, j = i - m * nvec;
+    float w[8];                                   // (kept across iterations: spills, NVRTC 13)
+#pragma unroll
+    for (int e = 0; e < 8; e++) w[e] = to_f(nw[8 * j + e]);
     uint4* p = (uint4*)(xs + m * xstride + j * 16);
     float f[8];
     unpack(*p, f, (bf16*)0);
@@ -134,12 +143,18 @@ __device__ __forceinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc
     unsigned o[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      const bf16 a = from_f<bf16>((f[2 * e] * rs) * to_f(nw[8 * j + 2 * e]));
-      const bf16 b = from_f<bf16>((f[2 * e + 1] * rs) * to_f(nw[8 * j + 2 * e + 1]));
+      const bf16 a = from_f<bf16>((f[2 * e] * rs) * w[2 * e]);
+      const bf16 b = from_f<bf16>((f[2 * e + 1] * rs) * w[2 * e + 1]);
       o[e] = (unsigned)a.x | ((unsigned)b.x << 16);
     }
     *p = mma_perm<PERM3, PERM2>(make_uint4(o[0], o[1], o[2], o[3]));
   }
+}
+
+// The sums: part[((chunk * MP + m) * NMAT + mat) * rows16 + row], consecutive rows at consecutive
+// words, so the epilogue's threads (consecutive rows) read without bank conflicts.
+__device__ __forceinline__ int mma_slot(int ch, int m, int mat, int row, int MP, int NMAT, int rows16) {
+  return ((ch * MP + m) * NMAT + mat) * rows16 + row;
 }
 
 // The sums of the pass's rows (part, every chunk added in order) through the epilogue EPI. Out of
@@ -149,22 +164,24 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
                                              int CH, int m0, int mc, int N, int n_off, int n_tile) {
   const TS* bias = (const TS*)P[d.ip[P_GEMV_BIAS_AT]];
   const TR* res = (const TR*)P[d.n_in - 1];
-  if (EPI == 3) {                 // per row of x: the tile's best (am_better) to its slot
-    for (int m = 0; m < mc; m++) {
+  const int cstride = MP * NMAT * rows16;            // from one chunk's sums to the next
+  if (EPI == 3) {                 // a warp a row of x: the tile's best (am_better) to its slot
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int m = warp; m < mc; m += NWARPS) {
       float best = -__int_as_float(0x7f800000); int bi = 0x7fffffff;
-      for (int r = threadIdx.x; r < n_tile; r += NT) {
-        const float* sl = part + ((long long)r * MP + m) * CH;
+      for (int r = lane; r < n_tile; r += 32) {
+        const float* sl = part + mma_slot(0, m, 0, r, MP, NMAT, rows16);
         float s = 0.f;
 #pragma unroll 1
-        for (int c = 0; c < CH; c++) s += sl[c];
+        for (int c = 0; c < CH; c++) s += sl[c * cstride];
         const int col = n_off + r;
         if (BIAS) s += to_f(bias[col]);
         const TY o = from_f<TY>(s);
         ((TY*)P[d.n_in])[(long long)(m0 + m) * N + col] = o;
         if (am_better(to_f(o), col, best, bi)) { best = to_f(o); bi = col; }
       }
-      block_argmax(best, bi);
-      if (threadIdx.x == 0) {
+      warp_argmax(best, bi);
+      if (lane == 0) {
         float* pa = (float*)P[d.n_in + 1] + 2 * ((long long)(m0 + m) * d.ip[P_GEMV_ARG_SLOTS] + d.ip[P_GEMV_ARG_SLOT]);
         pa[0] = best; pa[1] = __int_as_float(bi);
       }
@@ -174,16 +191,16 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
   const int per = EPI == 2 ? n_tile : NMAT * n_tile;
   for (int i = threadIdx.x; i < per * mc; i += NT) {
     const int m = i / per, r = i - m * per, mat = r / n_tile, row = r - mat * n_tile, col = n_off + row;
-    const float* sl = part + ((long long)(mat * rows16 + row) * MP + m) * CH;
+    const float* sl = part + mma_slot(0, m, mat, row, MP, NMAT, rows16);
     float s = 0.f;
 #pragma unroll 1
-    for (int c = 0; c < CH; c++) s += sl[c];
+    for (int c = 0; c < CH; c++) s += sl[c * cstride];
     const long long o = (long long)(m0 + m) * N + col;
     if (EPI == 2) {
-      const float* su = part + ((long long)(rows16 + row) * MP + m) * CH;
+      const float* su = part + mma_slot(0, m, 1, row, MP, NMAT, rows16);
       float u = 0.f;
 #pragma unroll 1
-      for (int c = 0; c < CH; c++) u += su[c];
+      for (int c = 0; c < CH; c++) u += su[c * cstride];
       ((TO*)P[d.n_in])[o] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
     } else {
       if (BIAS) s += to_f(bias[col]);
@@ -193,36 +210,78 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
   }
 }
 
-// The item's weights (rows rlo + g, rlo + g + 8 of the tile, vectors vb + 4u + t) and, quantized,
-// their rows' scales and zeros of each k-block: every load issued before any use.
+// A scale or zero of type T as the 4-byte word that holds it (cp.async copies 4, 8 or 16 bytes).
+template <class T> __device__ __forceinline__ const void* mma_word(const T* p, long long i) {
+  return (const char*)p + ((i * (long long)sizeof(T)) & ~3LL);
+}
+__device__ __forceinline__ float mma_from_word(unsigned w, long long, const float*) { return __uint_as_float(w); }
+__device__ __forceinline__ float mma_from_word(unsigned w, long long i, const bf16*) {
+  bf16 h; h.x = (unsigned short)((i & 1) ? w >> 16 : w); return to_f(h);
+}
+__device__ __forceinline__ float mma_from_word(unsigned w, long long i, const f16*) {
+  f16 h; h.x = (unsigned short)((i & 1) ? w >> 16 : w); return to_f(h);
+}
+
+// A warp's jobs, in the order it runs them: job J is segment s = J % SPI of the warp's item q =
+// (J / SPI) % IW (the window's item warp + q NWARPS), in window J / (SPI IW), where IW is the
+// warp's items a window (every window has the same). A segment past its window's end (K, or the
+// window: the last chunk's) is a job without loads. The weights do not depend on x, so the
+// warp's ring issues jobs RD - 1 ahead, across its items and windows (gemv_batch.py).
+struct MmaJob {
+  int k0, it, s, ks;               // window, item, segment, the segment's first k
+  __device__ __forceinline__ MmaJob(int J, int SPI, int IW, int KW, int SEG, int CH) {
+    const int w = J / (SPI * IW), r = J - w * SPI * IW, q = r / SPI;
+    s = r - q * SPI; it = (threadIdx.x >> 5) + q * NWARPS; k0 = w * KW;
+    ks = k0 + (it % CH) * SPI * SEG + s * SEG;
+  }
+  __device__ __forceinline__ bool live(int Kd, int KW) const { return ks < Kd && ks < k0 + KW; }
+};
+
+// A stage of a warp's ring: one job's loads, [h][u][lane] 16-byte weight vectors (rows rlo + g
+// + 8h of the tile, vectors vb + 4u + t), then (quantized) [h][u][lane] the words holding the
+// row's scale of each k-block, then its zero's. Each lane reads back only what it copied.
+template <int QMODE, int KU> struct MmaStage {
+  static constexpr int W = 2 * KU * 32 * 16, Q = 2 * KU * 32 * 4;
+  static constexpr int BYTES = W + (QMODE == 0 ? 0 : 2 * Q);
+};
+
 template <int QMODE, int KU, bool ZEROS, class TS, class TZ>
-__device__ __forceinline__ void mma_load(uint4 (&wv)[2][KU], float (&sc)[2][KU], float (&zz)[2][KU],
-                                         const char* W, long long rbytes, int n_off, int rlo, int n_tile, int nv,
-                                         int vb, const TS* sp, const TZ* zp, int ng, int group, int k0) {
+__device__ __forceinline__ void mma_issue(char* st, const char* W, long long rbytes, int n_off, int rlo, int n_tile,
+                                          int nv, int ks, const TS* sp, const TZ* zp, int ng, int group) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  constexpr int KB = 4 * MmaVec<QMODE>::VW;
+  constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW;
+  using S = MmaStage<QMODE, KU>;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int r = rlo + g + 8 * h;
 #pragma unroll
     for (int u = 0; u < KU; u++) {
-      const int v = vb + 4 * u + t;
-      wv[h][u] = (r < n_tile && v < nv) ? ldg_stream(W + (long long)r * rbytes + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
-      sc[h][u] = 1.f; zz[h][u] = 0.f;
+      const int v = ks / VW + 4 * u + t, at = (h * KU + u) * 32 + lane;
+      if (r < n_tile && v < nv) cp_async16(st + at * 16, W + (long long)r * rbytes + (long long)v * 16);
+      else cp_async16_zero(st + at * 16, W);
       if (QMODE != 0 && r < n_tile) {
-        int gi = (k0 + u * KB) / group; if (gi > ng - 1) gi = ng - 1;
+        int gi = (ks + u * KB) / group; if (gi > ng - 1) gi = ng - 1;
         const long long si = (long long)(n_off + r) * ng + gi;
-        sc[h][u] = to_f(sp[si]);
-        if (ZEROS) zz[h][u] = to_f(zp[si]);
+        cp_async4(st + S::W + at * 4, mma_word(sp, si));
+        if (ZEROS) cp_async4(st + S::W + S::Q + at * 4, mma_word(zp, si));
       }
     }
   }
 }
 
+__device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 groups back is in
+  if (RD >= 4) cp_async_wait<3>();
+  else if (RD == 3) cp_async_wait<2>();
+  else if (RD == 2) cp_async_wait<1>();
+  else cp_async_wait<0>();
+}
+
 // The batched / quantized GEMV (gemv_batch.gemv_mma). NB n-tiles of 8 rows of x a pass (MP = 8
 // NB rows; M > MP: passes, each reading the weights again); K in windows of KW (ip), a window's
-// K in CH chunks of SPI segments of SEG elements (KU k-blocks: 4 x 16-byte loads a lane in
-// flight), one item a (matrix, 16-row group, chunk). EPI as op_gemv_direct's, for every row m
+// K in CH chunks of SPI segments of SEG elements (KU k-blocks: 4 lanes x 16-byte vectors), one
+// item a (matrix, 16-row group, chunk). A warp's weights come through its ring of RD stages in
+// shared memory (cp.async; ip RD): issued RD - 1 jobs ahead, across its items and windows, so a
+// window's x staging (and norm) overlaps the loads. EPI as op_gemv_direct's, for every row m
 // of x: 0 store (+ bias), 1 ADD the residual's row m, 2 (NMAT 2) silu(gate) * up, 3 store and
 // the tile's argmax partial of row m at parts[(m ARG_SLOTS + ARG_SLOT) 2]. NORM: x is the
 // RMSNorm of P[0] with weight P[n_in - 1] (one window).
@@ -233,9 +292,10 @@ template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS,
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = 2, SEG = KU * KB, MP = 8 * NB;
   constexpr bool PERM2 = QMODE == 2, PERM3 = QMODE == 3;
+  using S = MmaStage<QMODE, KU>;
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
-  const int KW = d.ip[P_GEMV_KW], SPI = d.ip[P_GEMV_SPI];
+  const int KW = d.ip[P_GEMV_KW], SPI = d.ip[P_GEMV_SPI], RD = d.ip[P_GEMV_RD];
   const int group = d.ip[P_GEMV_GROUP], ng = d.ip[P_GEMV_NGROUPS];
   const long long rbytes = QMODE == 0 ? (long long)d.ip[P_GEMV_LDW] * 2 : (long long)d.ip[P_GEMV_LDW];
   const int nv = Kd / VW;                                  // 16-byte vectors a row
@@ -247,12 +307,33 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   float* part = (float*)(smem + ((MP * xstride + 15) & ~15));
   float* red = part + NMAT * rows16 * MP * CH;             // NORM: MP * NWARPS, then rinv: MP
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  char* ring = (char*)(((unsigned long long)(red + MP * NWARPS + MP) + 15) & ~15ULL) + warp * RD * S::BYTES;
   (void)lane;
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
+    // ji: the next job to issue, jc: the next to compute (jobs: MmaJob; every window has IW
+    // items of the warp, NWARPS-th by NWARPS-th)
+    const int IW = warp < items ? (items - warp + NWARPS - 1) / NWARPS : 0, JW = IW * SPI;
+    const int jobs = JW * ((Kd + KW - 1) / KW);
+    int ji = 0, jc = 0;
+    auto issue = [&]() {
+      if (ji < jobs) {
+        const MmaJob j(ji, SPI, IW, KW, SEG, CH);
+        if (j.live(Kd, KW)) {
+          const int mat = j.it / (groups * CH), grp = (j.it - mat * groups * CH) / CH;
+          mma_issue<QMODE, KU, ZEROS, TS, TZ>(ring + (ji % RD) * S::BYTES, (const char*)P[1 + mat] + (long long)n_off * rbytes,
+                                              rbytes, n_off, grp * 16, n_tile, nv, j.ks, (const TS*)P[1 + NMAT + mat],
+                                              (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1 + NMAT + mat], ng, group);
+        }
+      }
+      cp_async_commit();                                   // empty past the last job: the count stays
+      ji++;
+    };
     for (int k0 = 0; k0 < Kd; k0 += KW) {
       __syncthreads();                                     // the last window's readers are done
+      if (k0 == 0)                                         // the ring's first RD - 1 jobs
+        for (int p = 1; p < RD; p++) issue();
       if (NORM) {
         mma_stage_x<false, false>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
         __syncthreads();
@@ -263,65 +344,75 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       }
       __syncthreads();
       AMK_MARK(1);
-      for (int it = warp; it < items; it += NWARPS) {
-        const int mat = it / (groups * CH), rem = it - mat * groups * CH, grp = rem / CH, ch = rem - grp * CH;
-        const char* W = (const char*)P[1 + mat] + (long long)n_off * rbytes;
-        const TS* sp = (const TS*)P[1 + NMAT + mat];                 // quantized: the matrix's scales
-        const TZ* zp = (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1 + NMAT + mat];
-        float acc[NB][4];
-#pragma unroll
-        for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
-        const int kc0 = k0 + ch * SPI * SEG;               // the chunk's first k
+      float acc[NB][4];                                    // an item's: items end with their window
 #pragma unroll 1
-        for (int s = 0; s < SPI; s++) {
-          const int ks = kc0 + s * SEG;
-          if (ks >= Kd || ks >= k0 + KW) break;
-          uint4 wv[2][KU];
-          float sc[2][KU], zz[2][KU];
-          mma_load<QMODE, KU, ZEROS, TS, TZ>(wv, sc, zz, W, rbytes, n_off, grp * 16, n_tile, nv, ks / VW,
-                                                     sp, zp, ng, group, ks);
+      for (const int jend = jc + JW; jc < jend; jc++) {
+        issue();
+        mma_ring_wait(RD);
+        const char* stg = ring + (jc % RD) * S::BYTES;
+        const MmaJob j(jc, SPI, IW, KW, SEG, CH);
+        const int mat = j.it / (groups * CH), grp = (j.it - mat * groups * CH) / CH, ch = j.it % CH;
+        if (j.s == 0) {
 #pragma unroll
-          for (int u = 0; u < KU; u++) {
-            const int kb = ks + u * KB;                    // the k-block's first k
-            if (kb >= Kd) break;
-            unsigned a0[VW / 2], a1[VW / 2];
-            mma_unpack<QMODE>(wv[0][u], zz[0][u], a0);
-            mma_unpack<QMODE>(wv[1][u], zz[1][u], a1);
-            const char* xk = xs + (kb - k0 + t * VW) * 2 + g * xstride;
-            float ct[NB][4];
+          for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+        }
 #pragma unroll
-            for (int b = 0; b < NB; b++) ct[b][0] = ct[b][1] = ct[b][2] = ct[b][3] = 0.f;
+        for (int u = 0; u < KU; u++) {
+          const int kb = j.ks + u * KB;                    // the k-block's first k
+          if (!j.live(Kd, KW) || kb >= Kd) break;
+          float sc[2] = {1.f, 1.f}, zz[2] = {0.f, 0.f};
+          if (QMODE != 0) {
 #pragma unroll
-            for (int b = 0; b < NB; b++) {
-#pragma unroll
-              for (int h = 0; h < VW / 8; h++) {           // 8 x values (two mma k-steps) a 16-byte load
-                const uint4 xv = *(const uint4*)(xk + b * 8 * xstride + h * 16);
-                float (&c)[4] = QMODE != 0 ? ct[b] : acc[b];
-                mma_bf16(c, a0[4 * h], a1[4 * h], a0[4 * h + 1], a1[4 * h + 1], xv.x, xv.y);
-                mma_bf16(c, a0[4 * h + 2], a1[4 * h + 2], a0[4 * h + 3], a1[4 * h + 3], xv.z, xv.w);
+            for (int h = 0; h < 2; h++) {
+              const int r = grp * 16 + g + 8 * h, at = (h * KU + u) * 32 + lane;
+              if (r < n_tile) {
+                int gi = kb / group; if (gi > ng - 1) gi = ng - 1;
+                const long long si = (long long)(n_off + r) * ng + gi;
+                sc[h] = mma_from_word(*(const unsigned*)(stg + S::W + at * 4), si, (const TS*)0);
+                if (ZEROS) zz[h] = mma_from_word(*(const unsigned*)(stg + S::W + S::Q + at * 4), si, (const TZ*)0);
               }
             }
-            if (QMODE != 0) {                              // the group scale of each row
+          }
+          unsigned a0[VW / 2], a1[VW / 2];
+          mma_unpack<QMODE>(*(const uint4*)(stg + ((0 * KU + u) * 32 + lane) * 16), zz[0], a0);
+          mma_unpack<QMODE>(*(const uint4*)(stg + ((1 * KU + u) * 32 + lane) * 16), zz[1], a1);
+          const char* xk = xs + (kb - k0 + t * VW) * 2 + g * xstride;
+          float ct[NB][4];
 #pragma unroll
-              for (int b = 0; b < NB; b++) {
-                acc[b][0] += sc[0][u] * ct[b][0]; acc[b][1] += sc[0][u] * ct[b][1];
-                acc[b][2] += sc[1][u] * ct[b][2]; acc[b][3] += sc[1][u] * ct[b][3];
-              }
+          for (int b = 0; b < NB; b++) ct[b][0] = ct[b][1] = ct[b][2] = ct[b][3] = 0.f;
+#pragma unroll
+          for (int b = 0; b < NB; b++) {
+#pragma unroll
+            for (int h = 0; h < VW / 8; h++) {             // 8 x values (two mma k-steps) a 16-byte load
+              const uint4 xv = *(const uint4*)(xk + b * 8 * xstride + h * 16);
+              float (&c)[4] = QMODE != 0 ? ct[b] : acc[b];
+              mma_bf16(c, a0[4 * h], a1[4 * h], a0[4 * h + 1], a1[4 * h + 1], xv.x, xv.y);
+              mma_bf16(c, a0[4 * h + 2], a1[4 * h + 2], a0[4 * h + 3], a1[4 * h + 3], xv.z, xv.w);
+            }
+          }
+          if (QMODE != 0) {                                // the group scale of each row
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+              acc[b][0] += sc[0] * ct[b][0]; acc[b][1] += sc[0] * ct[b][1];
+              acc[b][2] += sc[1] * ct[b][2]; acc[b][3] += sc[1] * ct[b][3];
             }
           }
         }
-        // c0, c1: row g, x rows 2t, 2t + 1 of the n-tile; c2, c3: row g + 8
+        if (j.s == SPI - 1) {                              // the item's last segment: its sums
+          // c0, c1: row g, x rows 2t, 2t + 1 of the n-tile; c2, c3: row g + 8
 #pragma unroll
-        for (int b = 0; b < NB; b++)
+          for (int b = 0; b < NB; b++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int row = grp * 16 + g + 8 * (e >> 1), m = b * 8 + 2 * t + (e & 1);
-            float* slot = part + ((long long)(mat * rows16 + row) * MP + m) * CH + ch;
-            if (k0 == 0) *slot = acc[b][e]; else *slot += acc[b][e];
-          }
+            for (int e = 0; e < 4; e++) {
+              const int row = grp * 16 + g + 8 * (e >> 1), m = b * 8 + 2 * t + (e & 1);
+              float* slot = part + mma_slot(ch, m, mat, row, MP, NMAT, rows16);
+              if (k0 == 0) *slot = acc[b][e]; else *slot += acc[b][e];
+            }
+        }
       }
       AMK_MARK(2);
     }
+    cp_async_wait<0>();                                    // the ring's empty groups: none left in flight
     __syncthreads();
     AMK_MARK(3);
     mma_epilogue<TY, TS, EPI, BIAS, NMAT, TR, TO>(d, P, part, rows16, MP, CH, m0, mc, N, n_off, n_tile);

@@ -228,14 +228,20 @@ __device__ __forceinline__ bool am_better(float v, int i, float b, int bi) {
   return v > b || (v == b && i < bi);
 }
 
-// Every thread's (v, i) -> the block's best in thread 0 (am_better order).
-__device__ __forceinline__ void block_argmax(float& v, int& i) {
-  __shared__ float sv[NWARPS]; __shared__ int si[NWARPS];
+// Every lane's (v, i) -> the warp's best in every lane (am_better is a total order: any
+// reduction tree gives the same best).
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, v, o); const int oi = __shfl_xor_sync(0xffffffffu, i, o);
     if (am_better(ov, oi, v, i)) { v = ov; i = oi; }
   }
+}
+
+// Every thread's (v, i) -> the block's best in thread 0 (am_better order).
+__device__ __forceinline__ void block_argmax(float& v, int& i) {
+  __shared__ float sv[NWARPS]; __shared__ int si[NWARPS];
+  warp_argmax(v, i);
   __syncthreads();                                   // sv, si: their last readers are done
   if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = v; si[threadIdx.x >> 5] = i; }
   __syncthreads();
