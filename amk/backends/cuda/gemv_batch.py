@@ -28,7 +28,7 @@ KU = 2                           # k-blocks (16-byte loads per row per lane) an 
 #                                  (4: ptxas spilled in op_gemv_mma and the scheduler)
 VW = {0: 8, 1: 16, 2: 32, 3: 16}  # elements of a 16-byte weight vector, by QMODE
 NWARPS = NTHREADS // 32
-RD_MAX = 4                       # stages of a warp's ring (the template waits for up to 3 behind)
+RD_MAX = 6                       # stages of a warp's ring (the template waits for up to 5 behind)
 RD_GOOD = 3                      # 2 stages ahead: 64 KiB an SM in flight, a window's x staging
 #                                  (~2 us) covered
 WINDOWS_MAX = 4                  # a window is two barriers and an x staging (~2 us): past 4 they
@@ -54,9 +54,9 @@ def segment(qmode: int) -> int:
 
 def stage_bytes(qmode: int) -> int:
     """A ring stage (the template's MmaStage): 2 rows x KU k-blocks x 32 lanes of 16-byte
-    weight vectors, quantized then the words of their scales and zeros."""
+    weight vectors, quantized then the words of the 16 rows' scales and zeros a k-block."""
     w = 2 * KU * 32 * 16
-    return w + (0 if qmode == 0 else 2 * (2 * KU * 32 * 4))
+    return w + (0 if qmode == 0 else 2 * (2 * KU * 8 * 4))
 
 
 def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int, rd: int) -> int:

@@ -82,8 +82,9 @@ __device__ __forceinline__ uint4 mma_perm(uint4 o) {
   return o;
 }
 
+// Out of line (and mma_norm_x): inlined into op_gemv_mma with its ring, ptxas spilled (NVRTC 13).
 template <bool PERM3, bool PERM2>
-__device__ __forceinline__ void mma_stage_x(char* xs, int xstride, const bf16* x, int Kd, int m0, int mc, int mp,
+__device__ __noinline__ void mma_stage_x(char* xs, int xstride, const bf16* x, int Kd, int m0, int mc, int mp,
                                             int k0, int kw) {
   const int nvec = kw / 8, total = mp * nvec;
   for (int i0 = threadIdx.x; i0 < total; i0 += 8 * NT) {
@@ -106,7 +107,7 @@ __device__ __forceinline__ void mma_stage_x(char* xs, int xstride, const bf16* x
 // w)): the norm step's bits; then PERM. Four rows' sums at once (their loads in flight
 // together), each row's in its own order. red: MP * NWARPS floats, rinv: MP.
 template <bool PERM3, bool PERM2, class NW>
-__device__ __forceinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc, float eps, const NW* nw,
+__device__ __noinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc, float eps, const NW* nw,
                                            float* red, float* rinv) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll 1
@@ -214,34 +215,34 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
 template <class T> __device__ __forceinline__ const void* mma_word(const T* p, long long i) {
   return (const char*)p + ((i * (long long)sizeof(T)) & ~3LL);
 }
-__device__ __forceinline__ float mma_from_word(unsigned w, long long, const float*) { return __uint_as_float(w); }
-__device__ __forceinline__ float mma_from_word(unsigned w, long long i, const bf16*) {
-  bf16 h; h.x = (unsigned short)((i & 1) ? w >> 16 : w); return to_f(h);
+// odd: the element's index is odd (a 2-byte type: the word's high half)
+__device__ __forceinline__ float mma_from_word(unsigned w, int, const float*) { return __uint_as_float(w); }
+__device__ __forceinline__ float mma_from_word(unsigned w, int odd, const bf16*) {
+  bf16 h; h.x = (unsigned short)(odd ? w >> 16 : w); return to_f(h);
 }
-__device__ __forceinline__ float mma_from_word(unsigned w, long long i, const f16*) {
-  f16 h; h.x = (unsigned short)((i & 1) ? w >> 16 : w); return to_f(h);
+__device__ __forceinline__ float mma_from_word(unsigned w, int odd, const f16*) {
+  f16 h; h.x = (unsigned short)(odd ? w >> 16 : w); return to_f(h);
 }
 
-// A warp's jobs, in the order it runs them: job J is segment s = J % SPI of the warp's item q =
-// (J / SPI) % IW (the window's item warp + q NWARPS), in window J / (SPI IW), where IW is the
-// warp's items a window (every window has the same). A segment past its window's end (K, or the
-// window: the last chunk's) is a job without loads. The weights do not depend on x, so the
-// warp's ring issues jobs RD - 1 ahead, across its items and windows (gemv_batch.py).
-struct MmaJob {
-  int k0, it, s, ks;               // window, item, segment, the segment's first k
-  __device__ __forceinline__ MmaJob(int J, int SPI, int IW, int KW, int SEG, int CH) {
-    const int w = J / (SPI * IW), r = J - w * SPI * IW, q = r / SPI;
-    s = r - q * SPI; it = (threadIdx.x >> 5) + q * NWARPS; k0 = w * KW;
-    ks = k0 + (it % CH) * SPI * SEG + s * SEG;
+// A warp's jobs, in the order it runs them: in each window, its items it = warp + q NWARPS (q <
+// IW, the warp's items a window: every window has the same), each in its SPI segments. A segment
+// past its window's end (K, or the window: the last chunk's) is a job without loads. The weights
+// do not depend on x, so the warp's ring issues jobs RD - 1 ahead of its compute, across its
+// items and windows (gemv_batch.py). MmaCursor: the next job to issue.
+struct MmaCursor {
+  int k0, q, s, slot;
+  __device__ __forceinline__ void next(int SPI, int IW, int KW, int RD) {
+    if (++s == SPI) { s = 0; if (++q == IW) { q = 0; k0 += KW; } }
+    if (++slot == RD) slot = 0;
   }
-  __device__ __forceinline__ bool live(int Kd, int KW) const { return ks < Kd && ks < k0 + KW; }
 };
 
 // A stage of a warp's ring: one job's loads, [h][u][lane] 16-byte weight vectors (rows rlo + g
-// + 8h of the tile, vectors vb + 4u + t), then (quantized) [h][u][lane] the words holding the
-// row's scale of each k-block, then its zero's. Each lane reads back only what it copied.
+// + 8h of the tile, vectors vb + 4u + t), then (quantized) [h][u][g] the words holding row rlo +
+// g + 8h's scale of k-block u, then its zeros'. The 4 lanes of a row (t) share a k-block's group,
+// so its t = 0 lane copies them; the rest read them after a __syncwarp.
 template <int QMODE, int KU> struct MmaStage {
-  static constexpr int W = 2 * KU * 32 * 16, Q = 2 * KU * 32 * 4;
+  static constexpr int W = 2 * KU * 32 * 16, Q = 2 * KU * 8 * 4;
   static constexpr int BYTES = W + (QMODE == 0 ? 0 : 2 * Q);
 };
 
@@ -259,18 +260,21 @@ __device__ __forceinline__ void mma_issue(char* st, const char* W, long long rby
       const int v = ks / VW + 4 * u + t, at = (h * KU + u) * 32 + lane;
       if (r < n_tile && v < nv) cp_async16(st + at * 16, W + (long long)r * rbytes + (long long)v * 16);
       else cp_async16_zero(st + at * 16, W);
-      if (QMODE != 0 && r < n_tile) {
+      if (QMODE != 0 && t == 0 && r < n_tile) {
         int gi = (ks + u * KB) / group; if (gi > ng - 1) gi = ng - 1;
         const long long si = (long long)(n_off + r) * ng + gi;
-        cp_async4(st + S::W + at * 4, mma_word(sp, si));
-        if (ZEROS) cp_async4(st + S::W + S::Q + at * 4, mma_word(zp, si));
+        const int qa = ((h * KU + u) * 8 + g) * 4;
+        cp_async4(st + S::W + qa, mma_word(sp, si));
+        if (ZEROS) cp_async4(st + S::W + S::Q + qa, mma_word(zp, si));
       }
     }
   }
 }
 
 __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 groups back is in
-  if (RD >= 4) cp_async_wait<3>();
+  if (RD >= 6) cp_async_wait<5>();
+  else if (RD == 5) cp_async_wait<4>();
+  else if (RD == 4) cp_async_wait<3>();
   else if (RD == 3) cp_async_wait<2>();
   else if (RD == 2) cp_async_wait<1>();
   else cp_async_wait<0>();
@@ -312,103 +316,103 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
-    // ji: the next job to issue, jc: the next to compute (jobs: MmaJob; every window has IW
-    // items of the warp, NWARPS-th by NWARPS-th)
-    const int IW = warp < items ? (items - warp + NWARPS - 1) / NWARPS : 0, JW = IW * SPI;
-    const int jobs = JW * ((Kd + KW - 1) / KW);
-    int ji = 0, jc = 0;
+    const int IW = warp < items ? (items - warp + NWARPS - 1) / NWARPS : 0;
+    MmaCursor ic = {0, 0, 0, 0};                           // the next job to issue
     auto issue = [&]() {
-      if (ji < jobs) {
-        const MmaJob j(ji, SPI, IW, KW, SEG, CH);
-        if (j.live(Kd, KW)) {
-          const int mat = j.it / (groups * CH), grp = (j.it - mat * groups * CH) / CH;
-          mma_issue<QMODE, KU, ZEROS, TS, TZ>(ring + (ji % RD) * S::BYTES, (const char*)P[1 + mat] + (long long)n_off * rbytes,
-                                              rbytes, n_off, grp * 16, n_tile, nv, j.ks, (const TS*)P[1 + NMAT + mat],
+      if (IW > 0 && ic.k0 < Kd) {
+        const int it = warp + ic.q * NWARPS, mat = it / (groups * CH), grp = (it - mat * groups * CH) / CH;
+        const int ks = ic.k0 + (it % CH) * SPI * SEG + ic.s * SEG;
+        if (ks < Kd && ks < ic.k0 + KW)
+          mma_issue<QMODE, KU, ZEROS, TS, TZ>(ring + ic.slot * S::BYTES, (const char*)P[1 + mat] + (long long)n_off * rbytes,
+                                              rbytes, n_off, grp * 16, n_tile, nv, ks, (const TS*)P[1 + NMAT + mat],
                                               (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1 + NMAT + mat], ng, group);
-        }
       }
       cp_async_commit();                                   // empty past the last job: the count stays
-      ji++;
+      ic.next(SPI, IW, KW, RD);
     };
+    int slot = 0;                                          // the next job's stage
     for (int k0 = 0; k0 < Kd; k0 += KW) {
       __syncthreads();                                     // the last window's readers are done
-      if (k0 == 0)                                         // the ring's first RD - 1 jobs
+      // x's loads first, then the ring's first RD - 1 jobs (behind x: issued before it, they
+      // delayed the staging), which land during the norm
+      mma_stage_x<NORM ? false : PERM3, NORM ? false : PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
+      if (k0 == 0)
         for (int p = 1; p < RD; p++) issue();
       if (NORM) {
-        mma_stage_x<false, false>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
         __syncthreads();
         mma_norm_x<PERM3, PERM2, NW>(xs, xstride, Kd, mc, d.fp[F_GEMV_EPS], (const NW*)P[d.n_in - 1], red,
                                      red + MP * NWARPS);
-      } else {
-        mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
       }
       __syncthreads();
       AMK_MARK(1);
-      float acc[NB][4];                                    // an item's: items end with their window
 #pragma unroll 1
-      for (const int jend = jc + JW; jc < jend; jc++) {
-        issue();
-        mma_ring_wait(RD);
-        const char* stg = ring + (jc % RD) * S::BYTES;
-        const MmaJob j(jc, SPI, IW, KW, SEG, CH);
-        const int mat = j.it / (groups * CH), grp = (j.it - mat * groups * CH) / CH, ch = j.it % CH;
-        if (j.s == 0) {
+      for (int q = 0; q < IW; q++) {
+        const int it = warp + q * NWARPS, mat = it / (groups * CH), grp = (it - mat * groups * CH) / CH, ch = it % CH;
+        const int kc0 = k0 + ch * SPI * SEG;               // the chunk's first k
+        float acc[NB][4];
 #pragma unroll
-          for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
-        }
+        for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+#pragma unroll 1
+        for (int s = 0; s < SPI; s++) {
+          issue();
+          mma_ring_wait(RD);
+          if (QMODE != 0) __syncwarp();                    // the t = 0 lanes' scale words
+          const char* stg = ring + slot * S::BYTES;
+          slot = slot + 1 == RD ? 0 : slot + 1;
+          const int ks = kc0 + s * SEG;
+          if (ks >= Kd || ks >= k0 + KW) continue;         // past the window: no loads, no sums
 #pragma unroll
-        for (int u = 0; u < KU; u++) {
-          const int kb = j.ks + u * KB;                    // the k-block's first k
-          if (!j.live(Kd, KW) || kb >= Kd) break;
-          float sc[2] = {1.f, 1.f}, zz[2] = {0.f, 0.f};
-          if (QMODE != 0) {
+          for (int u = 0; u < KU; u++) {
+            const int kb = ks + u * KB;                    // the k-block's first k
+            if (kb >= Kd) break;
+            float sc[2] = {1.f, 1.f}, zz[2] = {0.f, 0.f};
+            if (QMODE != 0) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-              const int r = grp * 16 + g + 8 * h, at = (h * KU + u) * 32 + lane;
-              if (r < n_tile) {
-                int gi = kb / group; if (gi > ng - 1) gi = ng - 1;
-                const long long si = (long long)(n_off + r) * ng + gi;
-                sc[h] = mma_from_word(*(const unsigned*)(stg + S::W + at * 4), si, (const TS*)0);
-                if (ZEROS) zz[h] = mma_from_word(*(const unsigned*)(stg + S::W + S::Q + at * 4), si, (const TZ*)0);
+              for (int h = 0; h < 2; h++) {
+                const int r = grp * 16 + g + 8 * h, qa = ((h * KU + u) * 8 + g) * 4;
+                if (r < n_tile) {
+                  int gi = kb / group; if (gi > ng - 1) gi = ng - 1;
+                  const int odd = ((n_off + r) * ng + gi) & 1;   // (parity: 32 bits suffice)
+                  sc[h] = mma_from_word(*(const unsigned*)(stg + S::W + qa), odd, (const TS*)0);
+                  if (ZEROS) zz[h] = mma_from_word(*(const unsigned*)(stg + S::W + S::Q + qa), odd, (const TZ*)0);
+                }
+              }
+            }
+            unsigned a0[VW / 2], a1[VW / 2];
+            mma_unpack<QMODE>(*(const uint4*)(stg + ((0 * KU + u) * 32 + lane) * 16), zz[0], a0);
+            mma_unpack<QMODE>(*(const uint4*)(stg + ((1 * KU + u) * 32 + lane) * 16), zz[1], a1);
+            const char* xk = xs + (kb - k0 + t * VW) * 2 + g * xstride;
+            float ct[NB][4];
+#pragma unroll
+            for (int b = 0; b < NB; b++) ct[b][0] = ct[b][1] = ct[b][2] = ct[b][3] = 0.f;
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+#pragma unroll
+              for (int h = 0; h < VW / 8; h++) {           // 8 x values (two mma k-steps) a 16-byte load
+                const uint4 xv = *(const uint4*)(xk + b * 8 * xstride + h * 16);
+                float (&c)[4] = QMODE != 0 ? ct[b] : acc[b];
+                mma_bf16(c, a0[4 * h], a1[4 * h], a0[4 * h + 1], a1[4 * h + 1], xv.x, xv.y);
+                mma_bf16(c, a0[4 * h + 2], a1[4 * h + 2], a0[4 * h + 3], a1[4 * h + 3], xv.z, xv.w);
+              }
+            }
+            if (QMODE != 0) {                              // the group scale of each row
+#pragma unroll
+              for (int b = 0; b < NB; b++) {
+                acc[b][0] += sc[0] * ct[b][0]; acc[b][1] += sc[0] * ct[b][1];
+                acc[b][2] += sc[1] * ct[b][2]; acc[b][3] += sc[1] * ct[b][3];
               }
             }
           }
-          unsigned a0[VW / 2], a1[VW / 2];
-          mma_unpack<QMODE>(*(const uint4*)(stg + ((0 * KU + u) * 32 + lane) * 16), zz[0], a0);
-          mma_unpack<QMODE>(*(const uint4*)(stg + ((1 * KU + u) * 32 + lane) * 16), zz[1], a1);
-          const char* xk = xs + (kb - k0 + t * VW) * 2 + g * xstride;
-          float ct[NB][4];
-#pragma unroll
-          for (int b = 0; b < NB; b++) ct[b][0] = ct[b][1] = ct[b][2] = ct[b][3] = 0.f;
-#pragma unroll
-          for (int b = 0; b < NB; b++) {
-#pragma unroll
-            for (int h = 0; h < VW / 8; h++) {             // 8 x values (two mma k-steps) a 16-byte load
-              const uint4 xv = *(const uint4*)(xk + b * 8 * xstride + h * 16);
-              float (&c)[4] = QMODE != 0 ? ct[b] : acc[b];
-              mma_bf16(c, a0[4 * h], a1[4 * h], a0[4 * h + 1], a1[4 * h + 1], xv.x, xv.y);
-              mma_bf16(c, a0[4 * h + 2], a1[4 * h + 2], a0[4 * h + 3], a1[4 * h + 3], xv.z, xv.w);
-            }
-          }
-          if (QMODE != 0) {                                // the group scale of each row
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-              acc[b][0] += sc[0] * ct[b][0]; acc[b][1] += sc[0] * ct[b][1];
-              acc[b][2] += sc[1] * ct[b][2]; acc[b][3] += sc[1] * ct[b][3];
-            }
-          }
         }
-        if (j.s == SPI - 1) {                              // the item's last segment: its sums
-          // c0, c1: row g, x rows 2t, 2t + 1 of the n-tile; c2, c3: row g + 8
+        // c0, c1: row g, x rows 2t, 2t + 1 of the n-tile; c2, c3: row g + 8
 #pragma unroll
-          for (int b = 0; b < NB; b++)
+        for (int b = 0; b < NB; b++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-              const int row = grp * 16 + g + 8 * (e >> 1), m = b * 8 + 2 * t + (e & 1);
-              float* slot = part + mma_slot(ch, m, mat, row, MP, NMAT, rows16);
-              if (k0 == 0) *slot = acc[b][e]; else *slot += acc[b][e];
-            }
-        }
+          for (int e = 0; e < 4; e++) {
+            const int row = grp * 16 + g + 8 * (e >> 1), m = b * 8 + 2 * t + (e & 1);
+            float* sum = part + mma_slot(ch, m, mat, row, MP, NMAT, rows16);
+            if (k0 == 0) *sum = acc[b][e]; else *sum += acc[b][e];
+          }
       }
       AMK_MARK(2);
     }
