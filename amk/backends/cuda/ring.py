@@ -121,7 +121,7 @@ def mark_ring_steps(ft: FoldedTask) -> FoldedTask:
 
 def fit_below_ring(tasks: list[FoldedTask]) -> None:
     """In a v2 program that streams (any RING step), every op_gemv_mma step's work area ends
-    below the ring, replanned there if its v1 plan (up to PRE_OFF) reaches into it: the
+    below the ring, replanned there if its v1 plan (up to SMEM_BYTES) reaches into it: the
     producer fills pages for later tasks while the step runs. In place; an error where no plan
     fits."""
     if not any(e.variant.arg("ring") for ft in tasks for e, _, _ in ft.steps if e.is_fn("op_gemv_direct")):

@@ -232,7 +232,7 @@ def _mma_bytes(folded):
 def test_v2_plans_the_batched_gemvs_below_the_ring():
     """A v2 program that streams (the instruction cases: float batch-1 GEMVs on the ring) runs its
     op_gemv_mma steps' work areas below the ring: v1's plans of the mma cases (the 16 x 8192
-    bf16 and the int8 batch-64 ones, up to PRE_OFF) reach into it, where the producer fills
+    bf16 and the int8 batch-64 ones, up to SMEM_BYTES) reach into it, where the producer fills
     pages for later tasks while they run."""
     prog = examples.combined_program(examples.cases() + mma_examples.cases())
     v1 = _mma_bytes(fold_program(prog, 132, CudaOptions()))

@@ -1,8 +1,8 @@
 // Tensor-core GEMV for a batch of x rows and for quantized weights (gemv_batch.py plans it):
 // y[m, n_off + r] = x[m] . W[n_off + r] for the M rows of x (1..any), bf16 x, weights bf16 or
 // int8 / packed int4 / fp8 E4M3 with group scales (+ zeros), seed layout (quant.py).
-// Each weight vector is loaded once into registers (as op_gemv_direct does) and multiplied
-// against all rows of a pass by mma.sync m16n8k16 (bf16 x bf16 -> fp32): a warp's item is 16
+// Each weight vector is read once (through its warp's cp.async ring in shared memory) and
+// multiplied against all rows of a pass by mma.sync m16n8k16 (bf16 x bf16 -> fp32): a warp's item is 16
 // weight rows (the A operand: lane (g, t) loads rows g and g + 8) x one K segment, the pass's
 // rows of x (staged in shared memory as bf16) are the B operand, NB n-tiles of 8 rows.
 // The order of k inside an mma is free (a dot product): lane t's 16-byte vector of a k-block of
@@ -11,7 +11,7 @@
 // Integer / fp8 weights become bf16 exactly (q - zero is an integer below 256; an E4M3 value
 // is a bf16 value); the group scale multiplies the mma's sums of one k-block (the group is a
 // multiple of the k-block; smaller groups stay on op_gemv, gemv_batch.py).
-// Sums: part[((mat * rows16 + row) * MP + m) * CH + chunk] (CH chunks of SPI segments a window
+// Sums: part[((chunk * MP + m) * NMAT + mat) * rows16 + row] (mma_slot; CH chunks of SPI segments a window
 // of KW elements of K; windows add into the same slots in order): fixed order, bit-stable.
 
 template <int QMODE> struct MmaVec { static constexpr int VW = QMODE == 0 ? 8 : (QMODE == 2 ? 32 : 16); };
@@ -416,7 +416,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       }
       AMK_MARK(2);
     }
-    cp_async_wait<0>();                                    // the ring's empty groups: none left in flight
+    cp_async_wait<0>();                                    // the ring's groups past the last job (empty)
     __syncthreads();
     AMK_MARK(3);
     mma_epilogue<TY, TS, EPI, BIAS, NMAT, TR, TO>(d, P, part, rows16, MP, CH, m0, mc, N, n_off, n_tile);
