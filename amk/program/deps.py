@@ -40,8 +40,7 @@ class _Columns:
     """One buffer's columns: disjoint segments [starts[k], starts[k+1]) with their last writer
     and the partial readers since; whole-buffer readers are kept once, in `full` (with running
     masks), and segment k has seen full[full_from[k]:] since its last write."""
-    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "full_cum", "memo",
-                 "masks")
+    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "memo", "masks")
 
     def __init__(self, width: int, masks: bool):
         self.width = max(width, 1)
@@ -50,8 +49,7 @@ class _Columns:
         self.readers: list[list[int]] = [[]]
         self.full_from = [0]
         self.full: list[int] = []
-        self.full_cum = [0]           # full_cum[i] = bitset of full[:i] (only with masks)
-        self.memo: dict[tuple[int, int], tuple[frozenset[int], list[tuple[int, int]]]] = {}
+        self.memo: dict[tuple[int, int], tuple] = {}
         self.masks = masks
 
     def _split(self, x: int) -> int:
@@ -112,9 +110,9 @@ class _Columns:
             key = (-1 - min_f, nfull)           # negative: cannot clash with a (lo, hi) key
             full = self.memo.get(key)
             if full is None:
-                full = self.memo[key] = (frozenset(self.full[min_f:]), [])
-            mask = self.full_cum[nfull] ^ self.full_cum[min_f] if self.masks else None
-            out.append(Conflict(WAR, -1, lo, hi, full[0], mask))
+                ids = self.full[min_f:]
+                full = self.memo[key] = (frozenset(ids), bitset(ids) if self.masks else None)
+            out.append(Conflict(WAR, -1, lo, hi, full[0], full[1]))
         if writers:
             out.append(Conflict(WAW, -1, lo, hi, frozenset(writers)))
         return out
@@ -123,8 +121,6 @@ class _Columns:
         if lo <= 0 and hi >= self.width:
             if not self.full or self.full[-1] != t:
                 self.full.append(t)
-                if self.masks:
-                    self.full_cum.append(self.full_cum[-1] | (1 << t))
             return
         i, j = self.span(lo, hi)
         for k in range(i, j):
@@ -136,7 +132,7 @@ class _Columns:
         self.memo = {}
         if lo <= 0 and hi >= self.width:
             self.starts, self.writer, self.readers = [0], [t], [[]]
-            self.full, self.full_cum, self.full_from = [], [0], [0]
+            self.full, self.full_from = [], [0]
             return
         i, j = self.span(lo, hi)
         if i >= j:
@@ -145,6 +141,21 @@ class _Columns:
         self.writer[i:j] = [t]
         self.readers[i:j] = [[]]
         self.full_from[i:j] = [len(self.full)]
+
+
+def bitset(ids: Sequence[int]) -> int:
+    """The bitset of task ids, one shift a run of consecutive ids: a group of readers is
+    mostly the tiles of one op, one run, where a bit at a time costs a big-int operation each."""
+    m = 0
+    k, n = 0, len(ids)
+    while k < n:
+        start = end = ids[k]
+        k += 1
+        while k < n and ids[k] == end + 1:
+            end += 1
+            k += 1
+        m |= ((1 << (end - start + 1)) - 1) << start
+    return m
 
 
 def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
