@@ -40,7 +40,8 @@ class _Columns:
     """One buffer's columns: disjoint segments [starts[k], starts[k+1]) with their last writer
     and the partial readers since; whole-buffer readers are kept once, in `full` (with running
     masks), and segment k has seen full[full_from[k]:] since its last write."""
-    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "memo", "masks")
+    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "memo", "full_memo",
+                 "masks")
 
     def __init__(self, width: int, masks: bool):
         self.width = max(width, 1)
@@ -49,7 +50,10 @@ class _Columns:
         self.readers: list[list[int]] = [[]]
         self.full_from = [0]
         self.full: list[int] = []
-        self.memo: dict[tuple[int, int], tuple] = {}
+        self.memo: dict[tuple[int, int], tuple] = {}      # writers(lo, hi), until a write
+        # (from, to) -> (frozenset, bitset) of full[from:to]: `full` only grows until a
+        # whole-buffer write, so the tiles that overwrite one buffer share one group
+        self.full_memo: dict[tuple[int, int], tuple] = {}
         self.masks = masks
 
     def _split(self, x: int) -> int:
@@ -107,11 +111,11 @@ class _Columns:
         if readers:
             out.append(Conflict(WAR, -1, lo, hi, frozenset(readers)))
         if min_f < nfull:
-            key = (-1 - min_f, nfull)           # negative: cannot clash with a (lo, hi) key
-            full = self.memo.get(key)
+            key = (min_f, nfull)
+            full = self.full_memo.get(key)
             if full is None:
                 ids = self.full[min_f:]
-                full = self.memo[key] = (frozenset(ids), bitset(ids) if self.masks else None)
+                full = self.full_memo[key] = (frozenset(ids), bitset(ids) if self.masks else None)
             out.append(Conflict(WAR, -1, lo, hi, full[0], full[1]))
         if writers:
             out.append(Conflict(WAW, -1, lo, hi, frozenset(writers)))
@@ -132,7 +136,7 @@ class _Columns:
         self.memo = {}
         if lo <= 0 and hi >= self.width:
             self.starts, self.writer, self.readers = [0], [t], [[]]
-            self.full, self.full_from = [], [0]
+            self.full, self.full_from, self.full_memo = [], [0], {}
             return
         i, j = self.span(lo, hi)
         if i >= j:
