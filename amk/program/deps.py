@@ -90,9 +90,10 @@ class _Columns:
             got = self.memo[key] = (frozenset(w for w in ws if w >= 0), holes)
         return got
 
-    def overwritten(self, lo: int, hi: int) -> list[Conflict]:
-        """What a write of [lo, hi) must follow: readers since the last write, else the writer.
-        Whole-buffer readers come back as one frozenset shared by every writer that sees them."""
+    def overwritten(self, buf: int, lo: int, hi: int, out: list[Conflict]) -> None:
+        """What a write of [lo, hi) of this buffer (id `buf`) must follow, appended to `out`:
+        readers since the last write, else the writer. Whole-buffer readers come back as one
+        frozenset shared by every writer that sees them."""
         i, j = self.span(lo, hi)
         readers: set[int] = set()
         writers: set[int] = set()
@@ -107,19 +108,17 @@ class _Columns:
                     min_f = f
             elif self.writer[k] >= 0:
                 writers.add(self.writer[k])
-        out = []
         if readers:
-            out.append(Conflict(WAR, -1, lo, hi, frozenset(readers)))
+            out.append(Conflict(WAR, buf, lo, hi, frozenset(readers)))
         if min_f < nfull:
             key = (min_f, nfull)
             full = self.full_memo.get(key)
             if full is None:
                 ids = self.full[min_f:]
                 full = self.full_memo[key] = (frozenset(ids), bitset(ids) if self.masks else None)
-            out.append(Conflict(WAR, -1, lo, hi, full[0], full[1]))
+            out.append(Conflict(WAR, buf, lo, hi, full[0], full[1]))
         if writers:
-            out.append(Conflict(WAW, -1, lo, hi, frozenset(writers)))
-        return out
+            out.append(Conflict(WAW, buf, lo, hi, frozenset(writers)))
 
     def read(self, lo: int, hi: int, t: int) -> None:
         if lo <= 0 and hi >= self.width:
@@ -176,13 +175,7 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     # (Activations are, even if unwritten: their unwritten reads are reported.)
     written = {r.buffer for _, writes in regions for r in writes}
     written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
-    cols: dict[int, _Columns] = {}
-
-    def of(b: int) -> _Columns:
-        c = cols.get(b)
-        if c is None:
-            c = cols[b] = _Columns(buffers[b].cols, masks)
-        return c
+    cols = {b: _Columns(buffers[b].cols, masks) for b in written}
 
     out: list[list[Conflict]] = []
     for task, (reads, writes) in zip(tasks, regions):
@@ -190,19 +183,19 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
         found: list[Conflict] = []
         reads = [r for r in reads if r.buffer in written]
         for buf, lo, hi in reads:
-            ws, holes = of(buf).writers(lo, hi)
+            ws, holes = cols[buf].writers(lo, hi)
             if ws:
                 found.append(Conflict(RAW, buf, lo, hi, ws))
             if holes and unwritten is not None:
                 unwritten += [(t, Region(buf, a, b)) for a, b in holes]
         for buf, lo, hi in writes:
-            found += [c._replace(buffer=buf) for c in of(buf).overwritten(lo, hi)]
+            cols[buf].overwritten(buf, lo, hi, found)
         out.append(found)
         # A task's own reads go in before its writes, so a write supersedes them.
         for buf, lo, hi in reads:
-            of(buf).read(lo, hi, t)
+            cols[buf].read(lo, hi, t)
         for buf, lo, hi in writes:
-            of(buf).write(lo, hi, t)
+            cols[buf].write(lo, hi, t)
     return out
 
 
