@@ -50,9 +50,11 @@ class _Step:
 
 
 def steps_of(task: Task, fresh) -> list[_Step]:
+    # params dicts are shared, not copied (the IR is immutable): _params_text's memo by object
+    # then reprs each once, not once per task that a step is fused into
     if task.op is not K.FUSED:
         return [_Step(task.op, tuple(("b", b) for b in task.inputs), ("b", task.outputs[0]),
-                      dict(task.params))]
+                      task.params)]
     local: dict[int, int] = {}
     steps = []
     for st in recipe_of(task).steps:
@@ -63,7 +65,7 @@ def steps_of(task: Task, fresh) -> list[_Step]:
         else:
             local[st.out.index] = fresh()
             out = ("s", local[st.out.index])
-        steps.append(_Step(st.op, args, out, dict(st.params), st.out_shape, st.out_dtype))
+        steps.append(_Step(st.op, args, out, st.params, st.out_shape, st.out_dtype))
     return steps
 
 
@@ -119,29 +121,32 @@ def to_task(steps: list[_Step], like: Task, name: str, recipes: dict[tuple, Reci
     pos: dict[int, int] = {}
     scratch: dict[int, int] = {}
     out_index = {b: k for k, b in enumerate(like.outputs)}
-    rsteps = []
+    # Each step as (op, args, out, params text, shape, dtype), operands as (kind, index): the
+    # key of the recipe, whose Steps are only built the first time it is seen
+    key = []
     for st in steps:
         args = []
         for kind, v in st.args:
             if kind == "b":
-                if v not in pos:
-                    pos[v] = len(inputs)
+                k = pos.get(v)
+                if k is None:
+                    k = pos[v] = len(inputs)
                     inputs.append(v)
-                args.append(operand(INPUT, pos[v]))
+                args.append((INPUT, k))
             else:
-                args.append(operand(SCRATCH, scratch[v]))
+                args.append((SCRATCH, scratch[v]))
         kind, v = st.out
-        out = (operand(OUTPUT, out_index[v]) if kind == "b"
-               else operand(SCRATCH, scratch.setdefault(v, len(scratch))))
-        rsteps.append(Step(st.op, tuple(args), out, st.params, st.out_shape, st.out_dtype))
-    # Operands are shared objects (operand()): equal exactly when they are the same one; the
-    # params by repr in their own order (the program's repr, its canonical form, keeps it)
-    key = tuple((int(s.op), tuple(map(id, s.args)), id(s.out),
-                 _params_text(s.params, params_text, True), s.out_shape, s.out_dtype)
-                for s in rsteps)
-    recipe = recipes.get(key)
+        out = ((OUTPUT, out_index[v]) if kind == "b"
+               else (SCRATCH, scratch.setdefault(v, len(scratch))))
+        # the params by repr in their own order (the program's repr, its canonical form, keeps it)
+        key.append((st.op, tuple(args), out, _params_text(st.params, params_text, True),
+                    st.out_shape, st.out_dtype))
+    key_t = tuple(key)
+    recipe = recipes.get(key_t)
     if recipe is None:
-        recipe = recipes[key] = Recipe(tuple(rsteps))
+        recipe = recipes[key_t] = Recipe(tuple(
+            Step(op, tuple(operand(*a) for a in args), operand(*out), st.params, shape, dtype)
+            for st, (op, args, out, _, shape, dtype) in zip(steps, key_t)))
     return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": recipe},
                 like.waits, like.out_counter, name)
 
@@ -222,8 +227,8 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
     # same shapes, renamed buffers: the regions are the old ones renamed (no recomputation)
     for old, new in zip(program.tasks, tasks):
         reads, writes = regions_of(old, program.buffers)
-        remember_regions(new, buffers, ([r._replace(buffer=new_id[r.buffer]) for r in reads],
-                                        [w._replace(buffer=new_id[w.buffer]) for w in writes]))
+        remember_regions(new, buffers, ([Region(new_id[b], lo, hi) for b, lo, hi in reads],
+                                        [Region(new_id[b], lo, hi) for b, lo, hi in writes]))
     return program.with_(buffers=buffers, tasks=tasks,
                          outputs=tuple(new_id[b] for b in program.outputs))
 
