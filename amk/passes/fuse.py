@@ -112,6 +112,16 @@ def _params_text(params: dict, memo: dict[int, tuple[dict, str, str]], ordered: 
     return held[2] if ordered else held[1]
 
 
+def _kind(task: Task, params_text: dict, held: list) -> tuple:
+    """What steps_of(task) depends on besides its buffer ids: the recipe object (held, so its
+    id stays unique; fuse shares equal recipes) or the op and its params' text."""
+    if task.op is K.FUSED:
+        recipe = task.params.get("recipe")
+        held.append(recipe)
+        return (id(recipe),)
+    return (task.op, _params_text(task.params, params_text, True))
+
+
 def to_task(steps: list[_Step], like: Task, name: str, recipes: dict[tuple, Recipe],
             params_text: dict[int, tuple[dict, str, str]]) -> Task:
     """A FUSED task writing like.outputs, from global-ref steps. Equal recipes are one shared
@@ -253,6 +263,11 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     params_text: dict[int, tuple[dict, str, str]] = {}    # _params_text's memo
     recipes: dict[tuple, Recipe] = {}
     roots = IdentityMemo()                                 # root_op's memo
+    # (producer kind, reader kind, pattern of repeated buffer ids) -> (recipe, where each
+    # input of the fused task is in (y,) + A.inputs + B.inputs + B.outputs): a decoder's
+    # layers repeat each pair over other buffers (8B: 41k fused tasks, ~1.3k kinds)
+    pairs: dict[tuple, tuple[Recipe, tuple[int, ...]]] = {}
+    held: list = []                                        # _kind's recipes
 
     def fresh() -> int:
         counter[0] += 1
@@ -303,12 +318,25 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         head = [_Step(s.op, s.args, ("s", sid), s.params, yb.shape, yb.dtype)
                 if s.out == ("b", y) else s for s in a_steps]
         tag = "+".join(s.op.name.lower() for s in a_steps)
+        a_kind = (_kind(A, params_text, held), yb.shape, yb.dtype)
         for b in users:
             B = tasks[b]
-            tail = [_Step(s.op, tuple(("s", sid) if x == ("b", y) else x for x in s.args),
-                          s.out, s.params, s.out_shape, s.out_dtype) for s in steps_of(B, fresh)]
-            nb = to_task(_cse(head + tail, params_text), B, f"{B.name} +{tag}", recipes,
-                         params_text)
+            operands = (y,) + A.inputs + B.inputs + B.outputs
+            first: dict[int, int] = {}
+            key = (a_kind, _kind(B, params_text, held),
+                   tuple(first.setdefault(x, len(first)) for x in operands))
+            hit = pairs.get(key)
+            if hit is None:
+                tail = [_Step(s.op, tuple(("s", sid) if x == ("b", y) else x for x in s.args),
+                              s.out, s.params, s.out_shape, s.out_dtype)
+                        for s in steps_of(B, fresh)]
+                nb = to_task(_cse(head + tail, params_text), B, f"{B.name} +{tag}", recipes,
+                             params_text)
+                pairs[key] = (nb.params["recipe"], tuple(operands.index(x) for x in nb.inputs))
+            else:
+                recipe, where = hit
+                nb = Task(B.id, K.FUSED, tuple(operands[k] for k in where), B.outputs,
+                          {"recipe": recipe}, B.waits, B.out_counter, f"{B.name} +{tag}")
             b_reads, b_writes = regions[b]
             readers.remove(b, b_reads)
             # what FUSED touches = the union over its steps' external operands
