@@ -132,6 +132,9 @@ def reduced_dependencies(program: Program, regions=None) -> list[frozenset[int]]
         anc[t] = implied | mine
         kept = []
         for p in parts:
+            if not part_info[p][1] & implied:       # none of p is implied: p itself
+                kept.append(p)
+                continue
             key = (p, implied)
             f = filtered.get(key)
             if f is None:
