@@ -80,6 +80,14 @@ def root_op(task: Task, memo: IdentityMemo | None = None) -> K:
                     lambda: recipe_of(task).root_op())
 
 
+def step_ops(task: Task, memo: IdentityMemo) -> tuple[K, ...]:
+    """The ops of steps_of(task), in order; memo (one pass's): once per recipe object."""
+    if task.op is not K.FUSED:
+        return (task.op,)
+    return memo.get(task.params.get("recipe"), None,
+                    lambda: tuple(st.op for st in recipe_of(task).steps))
+
+
 def _cse(steps: list[_Step], params_text: dict[int, tuple[dict, str, str]]) -> list[_Step]:
     """Drop a step identical to an earlier scratch-writing one (same op, args, params, type).
     params_text: repr of each params dict by id (a head's steps recur in every reader)."""
@@ -232,13 +240,29 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
     """Buffers `keep` (old objects) get ids 0..; every task/output reference goes via new_id."""
     buffers = tuple(Buffer(i, b.name, b.kind, b.dtype, b.shape, b.source)
                     for i, b in enumerate(keep))
-    tasks = tuple(rebuilt(t, inputs=tuple(new_id[b] for b in t.inputs),
-                          outputs=tuple(new_id[b] for b in t.outputs)) for t in program.tasks)
+    # the tiles of one op share their operand tuples and (equal) region lists: each renamed once
+    ids: dict[tuple[int, ...], tuple[int, ...]] = {}
+    lists: dict[tuple[Region, ...], list[Region]] = {}
+
+    def renamed_ids(bs: tuple[int, ...]) -> tuple[int, ...]:
+        got = ids.get(bs)
+        if got is None:
+            got = ids[bs] = tuple(new_id[b] for b in bs)
+        return got
+
+    def renamed(regions: list[Region]) -> list[Region]:
+        key = tuple(regions)
+        got = lists.get(key)
+        if got is None:
+            got = lists[key] = [Region(new_id[b], lo, hi) for b, lo, hi in regions]
+        return got
+
+    tasks = tuple(rebuilt(t, inputs=renamed_ids(t.inputs), outputs=renamed_ids(t.outputs))
+                  for t in program.tasks)
     # same shapes, renamed buffers: the regions are the old ones renamed (no recomputation)
     for old, new in zip(program.tasks, tasks):
         reads, writes = regions_of(old, program.buffers)
-        remember_regions(new, buffers, ([Region(new_id[b], lo, hi) for b, lo, hi in reads],
-                                        [Region(new_id[b], lo, hi) for b, lo, hi in writes]))
+        remember_regions(new, buffers, (renamed(reads), renamed(writes)))
     return program.with_(buffers=buffers, tasks=tasks,
                          outputs=tuple(new_id[b] for b in program.outputs))
 
@@ -263,6 +287,7 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     params_text: dict[int, tuple[dict, str, str]] = {}    # _params_text's memo
     recipes: dict[tuple, Recipe] = {}
     roots = IdentityMemo()                                 # root_op's memo
+    step_kinds = IdentityMemo()                            # step_ops' memo
     # (producer kind, reader kind, pattern of repeated buffer ids) -> (recipe, where each
     # input of the fused task is in (y,) + A.inputs + B.inputs + B.outputs): a decoder's
     # layers repeat each pair over other buffers (8B: 41k fused tasks, ~1.3k kinds)
@@ -300,8 +325,8 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         users = sorted(readers.overlapping(wy0) - {a})
         if not users or users[0] < a:
             continue
-        a_steps = steps_of(A, fresh)
-        if len(users) > 1 and not all(s.op in CHEAP for s in a_steps):
+        a_ops = step_ops(A, step_kinds)
+        if len(users) > 1 and not all(op in CHEAP for op in a_ops):
             continue
         ra = root_op(A, roots)
         last = users[-1]
@@ -315,9 +340,8 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
             continue
         sid = fresh()
         yb = bufs[y]
-        head = [_Step(s.op, s.args, ("s", sid), s.params, yb.shape, yb.dtype)
-                if s.out == ("b", y) else s for s in a_steps]
-        tag = "+".join(s.op.name.lower() for s in a_steps)
+        head = None          # A's steps writing scratch sid, built for the first new pair
+        tag = "+".join(op.name.lower() for op in a_ops)
         a_kind = (_kind(A, params_text, held), yb.shape, yb.dtype)
         for b in users:
             B = tasks[b]
@@ -327,6 +351,9 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
                    tuple(first.setdefault(x, len(first)) for x in operands))
             hit = pairs.get(key)
             if hit is None:
+                if head is None:
+                    head = [_Step(s.op, s.args, ("s", sid), s.params, yb.shape, yb.dtype)
+                            if s.out == ("b", y) else s for s in steps_of(A, fresh)]
                 tail = [_Step(s.op, tuple(("s", sid) if x == ("b", y) else x for x in s.args),
                               s.out, s.params, s.out_shape, s.out_dtype)
                         for s in steps_of(B, fresh)]
