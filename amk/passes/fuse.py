@@ -25,7 +25,8 @@ from amk.gcpause import without_gc
 from amk.identity_memo import IdentityMemo
 from amk.passes.options import PassOptions
 from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
-from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
+from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task,
+                            new_task)
 from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Recipe, Step, operand, recipe_of
 from amk.program.regions import Region
 
@@ -165,8 +166,8 @@ def to_task(steps: list[_Step], like: Task, name: str, recipes: dict[tuple, Reci
         recipe = recipes[key_t] = Recipe(tuple(
             Step(op, tuple(operand(*a) for a in args), operand(*out), st.params, shape, dtype)
             for st, (op, args, out, _, shape, dtype) in zip(steps, key_t)))
-    return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": recipe},
-                like.waits, like.out_counter, name)
+    return new_task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": recipe},
+                    like.waits, like.out_counter, name)
 
 
 class _Touches:
@@ -362,8 +363,8 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
                 pairs[key] = (nb.params["recipe"], tuple(operands.index(x) for x in nb.inputs))
             else:
                 recipe, where = hit
-                nb = Task(B.id, K.FUSED, tuple(operands[k] for k in where), B.outputs,
-                          {"recipe": recipe}, B.waits, B.out_counter, f"{B.name} +{tag}")
+                nb = new_task(B.id, K.FUSED, tuple(operands[k] for k in where), B.outputs,
+                              {"recipe": recipe}, B.waits, B.out_counter, f"{B.name} +{tag}")
             b_reads, b_writes = regions[b]
             readers.remove(b, b_reads)
             # what FUSED touches = the union over its steps' external operands
