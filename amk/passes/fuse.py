@@ -289,9 +289,9 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     recipes: dict[tuple, Recipe] = {}
     roots = IdentityMemo()                                 # root_op's memo
     step_kinds = IdentityMemo()                            # step_ops' memo
-    # (producer kind, reader kind, pattern of repeated buffer ids) -> (recipe, where each
-    # input of the fused task is in (y,) + A.inputs + B.inputs + B.outputs): a decoder's
-    # layers repeat each pair over other buffers (8B: 41k fused tasks, ~1.3k kinds)
+    # (producer kind, reader kind, operand counts, pattern of repeated buffer ids) -> (recipe,
+    # where each input of the fused task is in (y,) + A.inputs + B.inputs + B.outputs): a
+    # decoder's layers repeat each pair over other buffers (8B: 41k fused tasks, 1363 kinds)
     pairs: dict[tuple, tuple[Recipe, tuple[int, ...]]] = {}
     held: list = []                                        # _kind's recipes
 
@@ -343,12 +343,12 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         yb = bufs[y]
         head = None          # A's steps writing scratch sid, built for the first new pair
         tag = "+".join(op.name.lower() for op in a_ops)
-        a_kind = (_kind(A, params_text, held), yb.shape, yb.dtype)
+        a_kind = (_kind(A, params_text, held), len(A.inputs), yb.shape, yb.dtype)
         for b in users:
             B = tasks[b]
             operands = (y,) + A.inputs + B.inputs + B.outputs
             first: dict[int, int] = {}
-            key = (a_kind, _kind(B, params_text, held),
+            key = (a_kind, _kind(B, params_text, held), len(B.inputs),
                    tuple(first.setdefault(x, len(first)) for x in operands))
             hit = pairs.get(key)
             if hit is None:
