@@ -25,7 +25,8 @@ from amk.gcpause import without_gc
 from amk.identity_memo import IdentityMemo
 from amk.passes.options import PassOptions
 from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
-from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task)
+from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task,
+                            new_task)
 from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Recipe, Step, operand, recipe_of
 from amk.program.regions import Region
 
@@ -50,9 +51,11 @@ class _Step:
 
 
 def steps_of(task: Task, fresh) -> list[_Step]:
+    # params dicts are shared, not copied (the IR is immutable): _params_text's memo by object
+    # then reprs each once, not once per task that a step is fused into
     if task.op is not K.FUSED:
         return [_Step(task.op, tuple(("b", b) for b in task.inputs), ("b", task.outputs[0]),
-                      dict(task.params))]
+                      task.params)]
     local: dict[int, int] = {}
     steps = []
     for st in recipe_of(task).steps:
@@ -63,7 +66,7 @@ def steps_of(task: Task, fresh) -> list[_Step]:
         else:
             local[st.out.index] = fresh()
             out = ("s", local[st.out.index])
-        steps.append(_Step(st.op, args, out, dict(st.params), st.out_shape, st.out_dtype))
+        steps.append(_Step(st.op, args, out, st.params, st.out_shape, st.out_dtype))
     return steps
 
 
@@ -76,6 +79,14 @@ def root_op(task: Task, memo: IdentityMemo | None = None) -> K:
         return recipe_of(task).root_op()
     return memo.get(task.params.get("recipe"), (len(task.inputs), len(task.outputs)),
                     lambda: recipe_of(task).root_op())
+
+
+def step_ops(task: Task, memo: IdentityMemo) -> tuple[K, ...]:
+    """The ops of steps_of(task), in order; memo (one pass's): once per recipe object."""
+    if task.op is not K.FUSED:
+        return (task.op,)
+    return memo.get(task.params.get("recipe"), None,
+                    lambda: tuple(st.op for st in recipe_of(task).steps))
 
 
 def _cse(steps: list[_Step], params_text: dict[int, tuple[dict, str, str]]) -> list[_Step]:
@@ -110,6 +121,16 @@ def _params_text(params: dict, memo: dict[int, tuple[dict, str, str]], ordered: 
     return held[2] if ordered else held[1]
 
 
+def _kind(task: Task, params_text: dict, held: list) -> tuple:
+    """What steps_of(task) depends on besides its buffer ids: the recipe object (held, so its
+    id stays unique; fuse shares equal recipes) or the op and its params' text."""
+    if task.op is K.FUSED:
+        recipe = task.params.get("recipe")
+        held.append(recipe)
+        return (id(recipe),)
+    return (task.op, _params_text(task.params, params_text, True))
+
+
 def to_task(steps: list[_Step], like: Task, name: str, recipes: dict[tuple, Recipe],
             params_text: dict[int, tuple[dict, str, str]]) -> Task:
     """A FUSED task writing like.outputs, from global-ref steps. Equal recipes are one shared
@@ -119,31 +140,34 @@ def to_task(steps: list[_Step], like: Task, name: str, recipes: dict[tuple, Reci
     pos: dict[int, int] = {}
     scratch: dict[int, int] = {}
     out_index = {b: k for k, b in enumerate(like.outputs)}
-    rsteps = []
+    # Each step as (op, args, out, params text, shape, dtype), operands as (kind, index): the
+    # key of the recipe, whose Steps are only built the first time it is seen
+    key = []
     for st in steps:
         args = []
         for kind, v in st.args:
             if kind == "b":
-                if v not in pos:
-                    pos[v] = len(inputs)
+                k = pos.get(v)
+                if k is None:
+                    k = pos[v] = len(inputs)
                     inputs.append(v)
-                args.append(operand(INPUT, pos[v]))
+                args.append((INPUT, k))
             else:
-                args.append(operand(SCRATCH, scratch[v]))
+                args.append((SCRATCH, scratch[v]))
         kind, v = st.out
-        out = (operand(OUTPUT, out_index[v]) if kind == "b"
-               else operand(SCRATCH, scratch.setdefault(v, len(scratch))))
-        rsteps.append(Step(st.op, tuple(args), out, st.params, st.out_shape, st.out_dtype))
-    # Operands are shared objects (operand()): equal exactly when they are the same one; the
-    # params by repr in their own order (the program's repr, its canonical form, keeps it)
-    key = tuple((int(s.op), tuple(map(id, s.args)), id(s.out),
-                 _params_text(s.params, params_text, True), s.out_shape, s.out_dtype)
-                for s in rsteps)
-    recipe = recipes.get(key)
+        out = ((OUTPUT, out_index[v]) if kind == "b"
+               else (SCRATCH, scratch.setdefault(v, len(scratch))))
+        # the params by repr in their own order (the program's repr, its canonical form, keeps it)
+        key.append((st.op, tuple(args), out, _params_text(st.params, params_text, True),
+                    st.out_shape, st.out_dtype))
+    key_t = tuple(key)
+    recipe = recipes.get(key_t)
     if recipe is None:
-        recipe = recipes[key] = Recipe(tuple(rsteps))
-    return Task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": recipe},
-                like.waits, like.out_counter, name)
+        recipe = recipes[key_t] = Recipe(tuple(
+            Step(op, tuple(operand(*a) for a in args), operand(*out), st.params, shape, dtype)
+            for st, (op, args, out, _, shape, dtype) in zip(steps, key_t)))
+    return new_task(like.id, K.FUSED, tuple(inputs), like.outputs, {"recipe": recipe},
+                    like.waits, like.out_counter, name)
 
 
 class _Touches:
@@ -217,13 +241,29 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
     """Buffers `keep` (old objects) get ids 0..; every task/output reference goes via new_id."""
     buffers = tuple(Buffer(i, b.name, b.kind, b.dtype, b.shape, b.source)
                     for i, b in enumerate(keep))
-    tasks = tuple(rebuilt(t, inputs=tuple(new_id[b] for b in t.inputs),
-                          outputs=tuple(new_id[b] for b in t.outputs)) for t in program.tasks)
+    # the tiles of one op share their operand tuples and (equal) region lists: each renamed once
+    ids: dict[tuple[int, ...], tuple[int, ...]] = {}
+    lists: dict[tuple[Region, ...], list[Region]] = {}
+
+    def renamed_ids(bs: tuple[int, ...]) -> tuple[int, ...]:
+        got = ids.get(bs)
+        if got is None:
+            got = ids[bs] = tuple(new_id[b] for b in bs)
+        return got
+
+    def renamed(regions: list[Region]) -> list[Region]:
+        key = tuple(regions)
+        got = lists.get(key)
+        if got is None:
+            got = lists[key] = [Region(new_id[b], lo, hi) for b, lo, hi in regions]
+        return got
+
+    tasks = tuple(rebuilt(t, inputs=renamed_ids(t.inputs), outputs=renamed_ids(t.outputs))
+                  for t in program.tasks)
     # same shapes, renamed buffers: the regions are the old ones renamed (no recomputation)
     for old, new in zip(program.tasks, tasks):
         reads, writes = regions_of(old, program.buffers)
-        remember_regions(new, buffers, ([r._replace(buffer=new_id[r.buffer]) for r in reads],
-                                        [w._replace(buffer=new_id[w.buffer]) for w in writes]))
+        remember_regions(new, buffers, (renamed(reads), renamed(writes)))
     return program.with_(buffers=buffers, tasks=tasks,
                          outputs=tuple(new_id[b] for b in program.outputs))
 
@@ -248,6 +288,12 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
     params_text: dict[int, tuple[dict, str, str]] = {}    # _params_text's memo
     recipes: dict[tuple, Recipe] = {}
     roots = IdentityMemo()                                 # root_op's memo
+    step_kinds = IdentityMemo()                            # step_ops' memo
+    # (producer kind, reader kind, operand counts, pattern of repeated buffer ids) -> (recipe,
+    # where each input of the fused task is in (y,) + A.inputs + B.inputs + B.outputs): a
+    # decoder's layers repeat each pair over other buffers (8B: 41k fused tasks, 1363 kinds)
+    pairs: dict[tuple, tuple[Recipe, tuple[int, ...]]] = {}
+    held: list = []                                        # _kind's recipes
 
     def fresh() -> int:
         counter[0] += 1
@@ -280,8 +326,8 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         users = sorted(readers.overlapping(wy0) - {a})
         if not users or users[0] < a:
             continue
-        a_steps = steps_of(A, fresh)
-        if len(users) > 1 and not all(s.op in CHEAP for s in a_steps):
+        a_ops = step_ops(A, step_kinds)
+        if len(users) > 1 and not all(op in CHEAP for op in a_ops):
             continue
         ra = root_op(A, roots)
         last = users[-1]
@@ -295,15 +341,30 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
             continue
         sid = fresh()
         yb = bufs[y]
-        head = [_Step(s.op, s.args, ("s", sid), s.params, yb.shape, yb.dtype)
-                if s.out == ("b", y) else s for s in a_steps]
-        tag = "+".join(s.op.name.lower() for s in a_steps)
+        head = None          # A's steps writing scratch sid, built for the first new pair
+        tag = "+".join(op.name.lower() for op in a_ops)
+        a_kind = (_kind(A, params_text, held), len(A.inputs), yb.shape, yb.dtype)
         for b in users:
             B = tasks[b]
-            tail = [_Step(s.op, tuple(("s", sid) if x == ("b", y) else x for x in s.args),
-                          s.out, s.params, s.out_shape, s.out_dtype) for s in steps_of(B, fresh)]
-            nb = to_task(_cse(head + tail, params_text), B, f"{B.name} +{tag}", recipes,
-                         params_text)
+            operands = (y,) + A.inputs + B.inputs + B.outputs
+            first: dict[int, int] = {}
+            key = (a_kind, _kind(B, params_text, held), len(B.inputs),
+                   tuple(first.setdefault(x, len(first)) for x in operands))
+            hit = pairs.get(key)
+            if hit is None:
+                if head is None:
+                    head = [_Step(s.op, s.args, ("s", sid), s.params, yb.shape, yb.dtype)
+                            if s.out == ("b", y) else s for s in steps_of(A, fresh)]
+                tail = [_Step(s.op, tuple(("s", sid) if x == ("b", y) else x for x in s.args),
+                              s.out, s.params, s.out_shape, s.out_dtype)
+                        for s in steps_of(B, fresh)]
+                nb = to_task(_cse(head + tail, params_text), B, f"{B.name} +{tag}", recipes,
+                             params_text)
+                pairs[key] = (nb.params["recipe"], tuple(operands.index(x) for x in nb.inputs))
+            else:
+                recipe, where = hit
+                nb = new_task(B.id, K.FUSED, tuple(operands[k] for k in where), B.outputs,
+                              {"recipe": recipe}, B.waits, B.out_counter, f"{B.name} +{tag}")
             b_reads, b_writes = regions[b]
             readers.remove(b, b_reads)
             # what FUSED touches = the union over its steps' external operands

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from amk.gcpause import without_gc
-from amk.program.ir import Buffer, Counter, Program, Task, Wait
+from amk.program.ir import Buffer, Counter, Program, Task, Wait, new_task
 from amk.program.deps import forget_last_scan, scan_all
 from amk.program.regions import Region, forget_fused_regions, task_regions
 
@@ -132,6 +132,9 @@ def reduced_dependencies(program: Program, regions=None) -> list[frozenset[int]]
         anc[t] = implied | mine
         kept = []
         for p in parts:
+            if not part_info[p][1] & implied:       # none of p is implied: p itself
+                kept.append(p)
+                continue
             key = (p, implied)
             f = filtered.get(key)
             if f is None:
@@ -154,7 +157,7 @@ def renumber(tasks: Sequence[Task]) -> tuple[Task, ...]:
 def rebuilt(t: Task, *, id: int | None = None, waits=None, out_counter: int | None = None,
             inputs=None, outputs=None) -> Task:
     """Task with some fields replaced (dataclasses.replace costs ~10x more; 20k tasks a pass)."""
-    return Task(t.id if id is None else id, t.op, t.inputs if inputs is None else inputs,
+    return new_task(t.id if id is None else id, t.op, t.inputs if inputs is None else inputs,
                 t.outputs if outputs is None else outputs, t.params,
                 t.waits if waits is None else waits,
                 t.out_counter if out_counter is None else out_counter, t.name)

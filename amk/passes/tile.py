@@ -25,7 +25,7 @@ from __future__ import annotations
 from amk.passes.options import PassOptions
 from amk.gcpause import without_gc
 from amk.passes.sync import rethreshold
-from amk.program.ir import InstructionKind as K, Program, Task
+from amk.program.ir import InstructionKind as K, Program, Task, new_task
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)
 ELEMENTWISE = (K.ADD, K.SILU_MUL, K.MUL, K.GELU, K.COPY)
@@ -81,9 +81,9 @@ def _untiled(task: Task, n: int) -> bool:
 
 def _split(task: Task, grid: list[tuple[int, int]]) -> list[Task]:
     n = len(grid)
-    return [Task(task.id, task.op, task.inputs, task.outputs,
-                 {**task.params, "n_off": lo, "N_tile": w}, task.waits, task.out_counter,
-                 f"{task.name}[tile {i}/{n}]")
+    return [new_task(task.id, task.op, task.inputs, task.outputs,
+                     {**task.params, "n_off": lo, "N_tile": w}, task.waits, task.out_counter,
+                     f"{task.name}[tile {i}/{n}]")
             for i, (lo, w) in enumerate(grid)]
 
 

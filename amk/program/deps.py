@@ -40,7 +40,7 @@ class _Columns:
     """One buffer's columns: disjoint segments [starts[k], starts[k+1]) with their last writer
     and the partial readers since; whole-buffer readers are kept once, in `full` (with running
     masks), and segment k has seen full[full_from[k]:] since its last write."""
-    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "full_cum", "memo",
+    __slots__ = ("width", "starts", "writer", "readers", "full_from", "full", "memo", "full_memo",
                  "masks")
 
     def __init__(self, width: int, masks: bool):
@@ -50,8 +50,10 @@ class _Columns:
         self.readers: list[list[int]] = [[]]
         self.full_from = [0]
         self.full: list[int] = []
-        self.full_cum = [0]           # full_cum[i] = bitset of full[:i] (only with masks)
-        self.memo: dict[tuple[int, int], tuple[frozenset[int], list[tuple[int, int]]]] = {}
+        self.memo: dict[tuple[int, int], tuple] = {}      # writers(lo, hi), until a write
+        # (from, to) -> (frozenset, bitset) of full[from:to]: `full` only grows until a
+        # whole-buffer write, so the tiles that overwrite one buffer share one group
+        self.full_memo: dict[tuple[int, int], tuple] = {}
         self.masks = masks
 
     def _split(self, x: int) -> int:
@@ -88,9 +90,10 @@ class _Columns:
             got = self.memo[key] = (frozenset(w for w in ws if w >= 0), holes)
         return got
 
-    def overwritten(self, lo: int, hi: int) -> list[Conflict]:
-        """What a write of [lo, hi) must follow: readers since the last write, else the writer.
-        Whole-buffer readers come back as one frozenset shared by every writer that sees them."""
+    def overwritten(self, buf: int, lo: int, hi: int, out: list[Conflict]) -> None:
+        """What a write of [lo, hi) of this buffer (id `buf`) must follow, appended to `out`:
+        readers since the last write, else the writer. Whole-buffer readers come back as one
+        frozenset shared by every writer that sees them."""
         i, j = self.span(lo, hi)
         readers: set[int] = set()
         writers: set[int] = set()
@@ -105,26 +108,22 @@ class _Columns:
                     min_f = f
             elif self.writer[k] >= 0:
                 writers.add(self.writer[k])
-        out = []
         if readers:
-            out.append(Conflict(WAR, -1, lo, hi, frozenset(readers)))
+            out.append(Conflict(WAR, buf, lo, hi, frozenset(readers)))
         if min_f < nfull:
-            key = (-1 - min_f, nfull)           # negative: cannot clash with a (lo, hi) key
-            full = self.memo.get(key)
+            key = (min_f, nfull)
+            full = self.full_memo.get(key)
             if full is None:
-                full = self.memo[key] = (frozenset(self.full[min_f:]), [])
-            mask = self.full_cum[nfull] ^ self.full_cum[min_f] if self.masks else None
-            out.append(Conflict(WAR, -1, lo, hi, full[0], mask))
+                ids = self.full[min_f:]
+                full = self.full_memo[key] = (frozenset(ids), bitset(ids) if self.masks else None)
+            out.append(Conflict(WAR, buf, lo, hi, full[0], full[1]))
         if writers:
-            out.append(Conflict(WAW, -1, lo, hi, frozenset(writers)))
-        return out
+            out.append(Conflict(WAW, buf, lo, hi, frozenset(writers)))
 
     def read(self, lo: int, hi: int, t: int) -> None:
         if lo <= 0 and hi >= self.width:
             if not self.full or self.full[-1] != t:
                 self.full.append(t)
-                if self.masks:
-                    self.full_cum.append(self.full_cum[-1] | (1 << t))
             return
         i, j = self.span(lo, hi)
         for k in range(i, j):
@@ -136,7 +135,7 @@ class _Columns:
         self.memo = {}
         if lo <= 0 and hi >= self.width:
             self.starts, self.writer, self.readers = [0], [t], [[]]
-            self.full, self.full_cum, self.full_from = [], [0], [0]
+            self.full, self.full_from, self.full_memo = [], [0], {}
             return
         i, j = self.span(lo, hi)
         if i >= j:
@@ -145,6 +144,21 @@ class _Columns:
         self.writer[i:j] = [t]
         self.readers[i:j] = [[]]
         self.full_from[i:j] = [len(self.full)]
+
+
+def bitset(ids: Sequence[int]) -> int:
+    """The bitset of task ids, one shift a run of consecutive ids: a group of readers is
+    mostly the tiles of one op, one run, where a bit at a time costs a big-int operation each."""
+    m = 0
+    k, n = 0, len(ids)
+    while k < n:
+        start = end = ids[k]
+        k += 1
+        while k < n and ids[k] == end + 1:
+            end += 1
+            k += 1
+        m |= ((1 << (end - start + 1)) - 1) << start
+    return m
 
 
 def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
@@ -161,13 +175,7 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     # (Activations are, even if unwritten: their unwritten reads are reported.)
     written = {r.buffer for _, writes in regions for r in writes}
     written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
-    cols: dict[int, _Columns] = {}
-
-    def of(b: int) -> _Columns:
-        c = cols.get(b)
-        if c is None:
-            c = cols[b] = _Columns(buffers[b].cols, masks)
-        return c
+    cols = {b: _Columns(buffers[b].cols, masks) for b in written}
 
     out: list[list[Conflict]] = []
     for task, (reads, writes) in zip(tasks, regions):
@@ -175,19 +183,19 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
         found: list[Conflict] = []
         reads = [r for r in reads if r.buffer in written]
         for buf, lo, hi in reads:
-            ws, holes = of(buf).writers(lo, hi)
+            ws, holes = cols[buf].writers(lo, hi)
             if ws:
                 found.append(Conflict(RAW, buf, lo, hi, ws))
             if holes and unwritten is not None:
                 unwritten += [(t, Region(buf, a, b)) for a, b in holes]
         for buf, lo, hi in writes:
-            found += [c._replace(buffer=buf) for c in of(buf).overwritten(lo, hi)]
+            cols[buf].overwritten(buf, lo, hi, found)
         out.append(found)
         # A task's own reads go in before its writes, so a write supersedes them.
         for buf, lo, hi in reads:
-            of(buf).read(lo, hi, t)
+            cols[buf].read(lo, hi, t)
         for buf, lo, hi in writes:
-            of(buf).write(lo, hi, t)
+            cols[buf].write(lo, hi, t)
     return out
 
 

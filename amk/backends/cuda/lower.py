@@ -74,23 +74,44 @@ class _FusedMemo:
         first: dict[int, int] = {}
         kind = (tuple(first.setdefault(v.ref[1], len(first)) for v in views),
                 tuple((v.shape, v.dtype, v.kind) for v in views), scratch % SCRATCH_ALIGN)
-        old_views, old_scratch, fused, used = self.done.get(
-            t.params.get("recipe"), kind,
-            lambda: (views, scratch, *_lower_and_fold(t, ins, outs, scratch)))
-        if old_views is views:               # lowered just now
-            return fused, used
-        delta = scratch - old_scratch
-        new = dict(zip(old_views, views))
+        kind_of = self.done.get(t.params.get("recipe"), kind,
+                                lambda: _LoweredKind(views, scratch, ins, outs, t))
+        if kind_of.views is views:               # lowered just now
+            return kind_of.fused, kind_of.used
+        return kind_of.moved(views, scratch), kind_of.used
 
-        def moved(v: View) -> View:
-            w = new.get(v)
-            if w is None:
-                w = new[v] = View(v.shape, v.dtype, (REF_SCRATCH, v.ref[1] + delta), None)
-            return w
 
-        steps = [(enc, [moved(v) for v in args], [moved(v) for v in outs_])
-                 for enc, args, outs_ in fused.steps]
-        return Fused(steps, [(o + delta, n) for o, n in fused.zero]), used
+class _LoweredKind:
+    """One kind's steps, and where each of their views comes from (an operand of the task, by
+    position, or scratch), so that another task of the kind gets its own without hashing views."""
+
+    def __init__(self, views: list[View], scratch: int, ins, outs, t):
+        self.views, self.scratch = views, scratch
+        self.fused, self.used = _lower_and_fold(t, ins, outs, scratch)
+        self.plan = None
+
+    def moved(self, views: list[View], scratch: int) -> Fused:
+        if self.plan is None:
+            # operand position of each view equal to an operand (the last, as a dict keeps),
+            # else after them, the scratch view it is (each distinct one once: equal views
+            # stay one object); every task of the kind has as many operands
+            at = {v: k for k, v in enumerate(self.views)}
+            scratch_views: dict[View, int] = {}
+
+            def slot(v: View) -> int:
+                k = at.get(v)
+                return k if k is not None else len(self.views) + scratch_views.setdefault(
+                    v, len(scratch_views))
+
+            self.plan = ([(enc, [slot(v) for v in args], [slot(v) for v in outs_])
+                          for enc, args, outs_ in self.fused.steps], list(scratch_views))
+        steps, old_scratch = self.plan
+        delta = scratch - self.scratch
+        new = views + [View(v.shape, v.dtype, (REF_SCRATCH, v.ref[1] + delta), None)
+                       for v in old_scratch]
+        return Fused([(enc, [new[k] for k in args], [new[k] for k in outs_])
+                      for enc, args, outs_ in steps],
+                     [(o + delta, n) for o, n in self.fused.zero])
 
 
 def lower_program(program: Program, n_ctas: int = 132,
