@@ -4,8 +4,8 @@ its shared memory is planned.
 It runs the batched float GEMVs (bf16 x and weights, M > 1 rows of x: each weight vector is
 read once for all rows of a pass, not once per 4 rows as op_gemv does) and the batched
 quantized GEMVs of bf16 x (int8, packed int4, fp8 E4M3; batch 1 takes op_gemv_qdirect,
-gemv_quant.py, where it can): the weights are dequantised in registers after one direct load,
-as op_gemv_direct loads float weights.
+gemv_quant.py, where it can): the weights are dequantised in registers as they leave the warp's
+ring in shared memory.
 
 The work area holds x as bf16 (MP rows of a window of KW elements of K, each row padded against
 bank conflicts), the sums (NMAT x rows x MP x CH chunks, fp32), the norm's per-row scratch and
@@ -83,9 +83,9 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
     over the weights first; then items for every warp (a window's items are all its
     parallelism: the 1B down projection at batch 16 took one 4096-wide window of 3 items, 3 of
     16 warps loading, 93 us a tile); then at most WINDOWS_MAX windows; then rings of RD_GOOD
-    stages (the loads in flight); then the fewest windows (a window is two barriers and its x staging); then the deepest ring;
-    then the fewest segments a warp runs and the fewest chunks (the epilogue adds them). For
-    every plan that fits is ranked (memoised: one search a shape)."""
+    stages (the loads in flight); then the fewest windows (a window is two barriers and its x
+    staging); then the deepest ring; then the fewest segments a warp runs and the fewest chunks
+    (the epilogue adds them). Every plan that fits is ranked (memoised: one search a shape)."""
     seg = segment(qmode)
     nseg = -(-K // seg)
     for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
