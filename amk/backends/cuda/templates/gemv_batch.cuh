@@ -211,6 +211,11 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
   }
 }
 
+// The group of k-block kb's scales (the last group holds the rest of K).
+__device__ __forceinline__ int mma_group(int kb, int group, int ng) {
+  const int gi = kb / group; return gi > ng - 1 ? ng - 1 : gi;
+}
+
 // A scale or zero of type T as the 4-byte word that holds it (cp.async copies 4, 8 or 16 bytes).
 template <class T> __device__ __forceinline__ const void* mma_word(const T* p, long long i) {
   return (const char*)p + ((i * (long long)sizeof(T)) & ~3LL);
@@ -261,8 +266,7 @@ __device__ __forceinline__ void mma_issue(char* st, const char* W, long long rby
       if (r < n_tile && v < nv) cp_async16(st + at * 16, W + (long long)r * rbytes + (long long)v * 16);
       else cp_async16_zero(st + at * 16, W);
       if (QMODE != 0 && t == 0 && r < n_tile) {
-        int gi = (ks + u * KB) / group; if (gi > ng - 1) gi = ng - 1;
-        const long long si = (long long)(n_off + r) * ng + gi;
+        const long long si = (long long)(n_off + r) * ng + mma_group(ks + u * KB, group, ng);
         const int qa = ((h * KU + u) * 8 + g) * 4;
         cp_async4(st + S::W + qa, mma_word(sp, si));
         if (ZEROS) cp_async4(st + S::W + S::Q + qa, mma_word(zp, si));
@@ -312,7 +316,6 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   float* red = part + NMAT * rows16 * MP * CH;             // NORM: MP * NWARPS, then rinv: MP
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   char* ring = (char*)(((unsigned long long)(red + MP * NWARPS + MP) + 15) & ~15ULL) + warp * RD * S::BYTES;
-  (void)lane;
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
@@ -371,8 +374,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
               for (int h = 0; h < 2; h++) {
                 const int r = grp * 16 + g + 8 * h, qa = ((h * KU + u) * 8 + g) * 4;
                 if (r < n_tile) {
-                  int gi = kb / group; if (gi > ng - 1) gi = ng - 1;
-                  const int odd = ((n_off + r) * ng + gi) & 1;   // (parity: 32 bits suffice)
+                  const int odd = ((n_off + r) * ng + mma_group(kb, group, ng)) & 1;   // (parity: 32 bits suffice)
                   sc[h] = mma_from_word(*(const unsigned*)(stg + S::W + qa), odd, (const TS*)0);
                   if (ZEROS) zz[h] = mma_from_word(*(const unsigned*)(stg + S::W + S::Q + qa), odd, (const TZ*)0);
                 }
