@@ -7,8 +7,8 @@ so a user's 8K cache at position 127 still gives every shard 127/P rows. It writ
 [h_off, h_off+h_count) of partial buffer p, an f32 ACTIVATION of [.., n_heads*(head_dim+2)]
 (= [acc | m | l] per head). An empty shard writes acc=0, m=-inf, l=0, which the combine
 weighs 0. One
-ATTENTION_COMBINE per group merges its P partials into the group's heads of the output (or one
-over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
+ATTENTION_COMBINE per group merges its P partials into the group's heads of the output (or, at
+batch 1, one over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
 
 P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
 no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group,
@@ -130,9 +130,12 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
                           "kv_shards": P, **live, "flags": int(p.get("flags", 0)) | PARTIAL_WRITE}
                     out.append(Task(t.id, t.op, t.inputs, (parts[s],), sp, t.waits, next_counter,
                                     f"{t.name}[{where}kv {g}/{groups} shard {s}/{P}]"))
-        # the combines take the attention's counter, so its consumers' waits stay right
-        if not opts.combine_per_group:
-            heads = [{}]                          # one combine over every head
+        # the combines take the attention's counter, so its consumers' waits stay right. One
+        # combine over every head (fuse folds it into each reader) only at batch 1: a batch's
+        # fold made each of ~130 o tiles merge every sequence's partials (135 KB of L2 reads
+        # a tile at batch 16, 12.7 us: NOTES v24), where one combine a kv group writes y once
+        if not opts.combine_per_group and B == 1:
+            heads = [{}]
         comb_in = tuple(parts)
         if live:      # the window the shards split, to count them again (regions.combine_live)
             rows_in_cache = max(0, min(length, bufs[t.inputs[1]].shape[-3] - start))

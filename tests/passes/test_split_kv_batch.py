@@ -78,3 +78,24 @@ def test_batch_split_matches_the_unsplit_step_per_sequence(batch, max_seq, backe
         b = batch_bindings(p, positions)
         got = [t.clone() for t in vm.run({k: v.clone() for k, v in b.items()})]
         close(got, run(p, b))
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_cuda_folds_the_combine_into_the_o_tiles_only_at_batch_1(batch):
+    """At batch 1 each o tile merges the partials itself (no hop); a batch's partials are every
+    sequence's, so one combine a kv group writes y once and the o tiles read it."""
+    from amk.program.recipe import recipe_of
+    p = batch_program(batch, 512) if batch > 1 else lower(trace(
+        make_decode_step(replace(TINY, max_seq=512)), llama_avals(replace(TINY, max_seq=512), 1),
+        ["params", "token", "pos", "kv"],
+        [BufferKind.WEIGHT, BufferKind.IO_INPUT, BufferKind.IO_INPUT, BufferKind.KV_CACHE],
+        name="llama")[0])
+    prog = run_passes(p, PassOptions.for_backend("cuda"), upto="fuse")["fuse"]
+    alone = [t for t in prog.tasks if t.op is K.ATTENTION_COMBINE]
+    folded = [t for t in prog.tasks if t.op is K.FUSED
+              and any(s.op is K.ATTENTION_COMBINE for s in recipe_of(t).steps)]
+    if batch == 1:
+        assert folded and not alone
+    else:
+        assert not folded and len(alone) == 2 * TINY.n_kv_heads        # layers x kv groups
+        assert {t.params["h_count"] for t in alone} == {TINY.n_heads // TINY.n_kv_heads}

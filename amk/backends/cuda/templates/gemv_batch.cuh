@@ -135,8 +135,7 @@ __device__ __noinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc, f
   for (int i = threadIdx.x; i < mc * nvec; i += NT) {
     const int m = i / nvec, j = i - m * nvec;
     float w[8];                                   // (kept across iterations: spills, NVRTC 13)
-#pragma unroll
-    for (int e = 0; e < 8; e++) w[e] = to_f(nw[8 * j + e]);
+    ld8f(nw + 8 * j, w);                          // 16-byte loads: 8 scalar ones were a chain a vector
     uint4* p = (uint4*)(xs + m * xstride + j * 16);
     float f[8];
     unpack(*p, f, (bf16*)0);
