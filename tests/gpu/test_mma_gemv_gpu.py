@@ -91,6 +91,15 @@ def test_batched_llama_shape_step_matches_reference_vm(batch):
     _step_matches_reference(replace(LLAMA_3_2_1B, n_layers=2, vocab=8192), batch, None, 100, seed=7)
 
 
+@pytest.mark.parametrize("hidden", [576, 896])
+def test_batched_step_of_a_hidden_not_a_multiple_of_256_matches_reference_vm(hidden):
+    """The norm in the batched GEMV with one sum-of-squares slot a vector of x (a warp's 32
+    vectors are not one row's): SmolLM2-135M's and Qwen2-0.5B's hidden sizes."""
+    cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192, hidden=hidden, n_heads=hidden // 64,
+                  n_kv_heads=hidden // 64 // (3 if hidden == 576 else 7), ffn=4 * hidden)
+    _step_matches_reference(cfg, 16, None, 100, seed=9)
+
+
 @pytest.mark.parametrize("batch", [1, 5, 16])
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
 def test_quantized_llama_shape_step_matches_reference_vm(fmt, batch):

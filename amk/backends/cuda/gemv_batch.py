@@ -8,7 +8,8 @@ gemv_quant.py, where it can): the weights are dequantised in registers as they l
 ring in shared memory.
 
 The work area holds x as bf16 (MP rows of a window of KW elements of K, each row padded against
-bank conflicts), the sums (NMAT x rows x MP x CH chunks, fp32), the norm's per-row scratch and
+bank conflicts; with the norm, times its weight), the sums (NMAT x rows x MP x CH chunks, fp32),
+the norm's per-row sums of squares and 1 / rms (the epilogue scales a row's sums by it), and
 each warp's ring of RD stages: the weights of one job (16 rows x one K segment, 2 KiB; quantized
 also the rows' scales and zeros) copied by cp.async, RD - 1 jobs ahead of the warp's compute,
 across its items and windows. The plan takes the fewest passes over the weights (MP = 8 NB rows
@@ -59,14 +60,23 @@ def stage_bytes(qmode: int) -> int:
     return w + (0 if qmode == 0 else 2 * (2 * KU * 8 * 4))
 
 
-def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int, rd: int) -> int:
+def norm_slots(kw: int) -> int:
+    """NORM: a row's slots of sums of squares (the template's mma_norm_slots): one a warp's 32
+    16-byte vectors of x when they are one row's, else one a vector."""
+    nvec = kw // 8
+    return nvec // 32 if nvec % 32 == 0 else nvec
+
+
+def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int, rd: int,
+               norm: bool = False) -> int:
     """The work area a plan uses (the template's layout)."""
     mp = 8 * nb
     xstride = kw * 2 + (64 if qmode == 0 else 16)
     x = -(-mp * xstride // 16) * 16
     ch = -(-kw // (spi * segment(qmode)))
     rows16 = -(-n_tile // 16) * 16
-    sums = x + 4 * (nmat * rows16 * mp * ch + mp * NWARPS + mp)
+    per = norm_slots(kw) if norm else NWARPS
+    sums = x + 4 * (nmat * rows16 * mp * ch + mp * per + mp)
     return -(-sums // 16) * 16 + NWARPS * rd * stage_bytes(qmode)
 
 
@@ -96,7 +106,7 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
                 break
             for rd in range(1, RD_MAX + 1):
                 spi = next((s for s in range(1, kw // seg + 1)
-                            if smem_bytes(qmode, nb, kw, s, n_tile, nmat, rd) <= budget), None)
+                            if smem_bytes(qmode, nb, kw, s, n_tile, nmat, rd, norm) <= budget), None)
                 if spi is not None:          # a larger SPI needs less (fewer chunks' sums)
                     fits += [MmaPlan(nb, kw, s, rd) for s in range(spi, kw // seg + 1)]
         if fits:
@@ -135,7 +145,8 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
 
 def step_bytes(v: Variant, ip: dict) -> int:
     """The work area an op_gemv_mma step's plan uses."""
-    return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"])
+    return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"],
+                      v.arg("norm"))
 
 
 def plan_ip(p: MmaPlan) -> dict:

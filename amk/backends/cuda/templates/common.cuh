@@ -90,11 +90,6 @@ __device__ __forceinline__ void unpack(uint4 v, float* o, f16*) {
 __device__ __forceinline__ void unpack(uint4 v, float* o, float*) {
   o[0] = __uint_as_float(v.x); o[1] = __uint_as_float(v.y); o[2] = __uint_as_float(v.z); o[3] = __uint_as_float(v.w);
 }
-// 8 consecutive elements at p (16-byte aligned) as floats, by 16-byte loads.
-template <class T> __device__ __forceinline__ void ld8f(const T* p, float* o) {
-#pragma unroll
-  for (int v = 0; v < 8 / VecN<T>::N; v++) unpack(ld16(p + v * VecN<T>::N), o + v * VecN<T>::N, (T*)0);
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -82,7 +82,7 @@ __device__ __forceinline__ uint4 mma_perm(uint4 o) {
   return o;
 }
 
-// Out of line (and mma_norm_x): inlined into op_gemv_mma with its ring, ptxas spilled (NVRTC 13).
+// Out of line (and mma_stage_xn): inlined into op_gemv_mma with its ring, ptxas spilled (NVRTC 13).
 template <bool PERM3, bool PERM2>
 __device__ __noinline__ void mma_stage_x(char* xs, int xstride, const bf16* x, int Kd, int m0, int mc, int mp,
                                             int k0, int kw) {
@@ -102,52 +102,66 @@ __device__ __noinline__ void mma_stage_x(char* xs, int xstride, const bf16* x, i
   }
 }
 
-// NORM (one window: K <= KW): the staged raw rows normalised in place as rms_row computes them
-// (thread partials over i = tid + k NT, warp butterflies, warps in order; round_bf16((x * rs) *
-// w)): the norm step's bits; then PERM. Four rows' sums at once (their loads in flight
-// together), each row's in its own order. red: MP * NWARPS floats, rinv: MP.
+// NORM's slots of a row's sums of squares: one a warp's 32 vectors when a warp's vectors are
+// one row's (nvec % 32 == 0), else one a vector (gemv_batch.norm_slots).
+__device__ __forceinline__ int mma_norm_slots(int nvec) { return nvec % 32 == 0 ? nvec / 32 : nvec; }
+
+// NORM (one window: K <= KW): x staged as bf16(x * w), the norm weight w applied, not yet the
+// row's 1 / rms, which scales the row's sums in the epilogue (W (x w r) = r (W (x w)) for a row's
+// scalar r): the norm is off the path to the weights' loop. Each vector's sum of squares (fp32,
+// its 8 elements in order) goes to the row's slots (a warp's 32 vectors summed by a butterfly
+// first when they are one row's); mma_row_rms adds them in a fixed order: bit-stable, and
+// within bf16 rounding of the unfused norm's bf16((x r) w) (not its bits). 4 vectors of x and
+// 4 of w a thread in flight (8 of x with their w: the callers spilled, ptxas's call ABI). Out
+// of line, as mma_stage_x.
 template <bool PERM3, bool PERM2, class NW>
-__device__ __noinline__ void mma_norm_x(char* xs, int xstride, int Kd, int mc, float eps, const NW* nw,
-                                           float* red, float* rinv) {
+__device__ __noinline__ void mma_stage_xn(char* xs, int xstride, const bf16* x, int Kd, int m0, int mc, int mp,
+                                          int kw, const NW* nw, float* sq) {
+  const int nvec = kw / 8, total = mp * nvec, per = mma_norm_slots(nvec), lane = threadIdx.x & 31;
+  for (int i0 = threadIdx.x; i0 < total; i0 += 4 * NT) {
+    uint4 v[4], wv[4 * 8 / VecN<NW>::N];                 // x's and w's loads in flight together
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int i = i0 + u * NT, m = i / nvec, k = (i - m * nvec) * 8;
+      const bool in = i < total && m < mc && k < Kd;
+      v[u] = in ? ld16(x + (long long)(m0 + m) * Kd + k) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int h = 0; h < 8 / VecN<NW>::N; h++)
+        wv[u * (8 / VecN<NW>::N) + h] = in ? ld16(nw + k + h * VecN<NW>::N) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int i = i0 + u * NT, m = i / nvec, j = i - m * nvec;
+      float f[8], w[8];
+      unpack(v[u], f, (bf16*)0);
+#pragma unroll
+      for (int h = 0; h < 8 / VecN<NW>::N; h++) unpack(wv[u * (8 / VecN<NW>::N) + h], w + h * VecN<NW>::N, (NW*)0);
+      float ss = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) ss += f[e] * f[e];
+      unsigned o[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) o[e] = pack_bf16x2(f[2 * e] * w[2 * e], f[2 * e + 1] * w[2 * e + 1]);
+      if (per != nvec) {                          // warp-uniform: a warp's 32 vectors, one row's
+        ss = warp_sum(ss);
+        if (lane == 0 && i < total && m < mc) sq[m * per + j / 32] = ss;
+      } else if (i < total && m < mc) {
+        sq[m * per + j] = ss;
+      }
+      if (i < total) *(uint4*)(xs + m * xstride + j * 16) = mma_perm<PERM3, PERM2>(make_uint4(o[0], o[1], o[2], o[3]));
+    }
+  }
+}
+
+// NORM: rinv[m] = 1 / rms of row m < mc from its slots (a warp a row, lanes' strided sums, then
+// a butterfly: a fixed order).
+__device__ __noinline__ void mma_row_rms(const float* sq, int per, int mc, int Kd, float eps, float* rinv) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll 1
-  for (int m = 0; m < mc; m += 4) {
-    float ss[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int i = threadIdx.x; i < Kd; i += NT)
-#pragma unroll
-      for (int q = 0; q < 4; q++)
-        if (m + q < mc) { const float v = to_f(((const bf16*)(xs + (m + q) * xstride))[i]); ss[q] += v * v; }
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const float s = warp_sum(ss[q]);
-      if (lane == 0 && m + q < mc) red[(m + q) * NWARPS + warp] = s;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < mc) {
-    float r = 0.f;
-#pragma unroll
-    for (int i = 0; i < NWARPS; i++) r += red[threadIdx.x * NWARPS + i];
-    rinv[threadIdx.x] = rsqrtf(r / (float)Kd + eps);
-  }
-  __syncthreads();
-  const int nvec = Kd / 8;
-  for (int i = threadIdx.x; i < mc * nvec; i += NT) {
-    const int m = i / nvec, j = i - m * nvec;
-    float w[8];                                   // (kept across iterations: spills, NVRTC 13)
-    ld8f(nw + 8 * j, w);                          // 16-byte loads: 8 scalar ones were a chain a vector
-    uint4* p = (uint4*)(xs + m * xstride + j * 16);
-    float f[8];
-    unpack(*p, f, (bf16*)0);
-    const float rs = rinv[m];
-    unsigned o[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const bf16 a = from_f<bf16>((f[2 * e] * rs) * w[2 * e]);
-      const bf16 b = from_f<bf16>((f[2 * e + 1] * rs) * w[2 * e + 1]);
-      o[e] = (unsigned)a.x | ((unsigned)b.x << 16);
-    }
-    *p = mma_perm<PERM3, PERM2>(make_uint4(o[0], o[1], o[2], o[3]));
+  for (int m = warp; m < mc; m += NWARPS) {
+    float s = 0.f;
+    for (int k = lane; k < per; k += 32) s += sq[m * per + k];
+    s = warp_sum(s);
+    if (lane == 0) rinv[m] = rsqrtf(s / (float)Kd + eps);
   }
 }
 
@@ -159,9 +173,10 @@ __device__ __forceinline__ int mma_slot(int ch, int m, int mat, int row, int MP,
 
 // The sums of the pass's rows (part, every chunk added in order) through the epilogue EPI. Out of
 // line: inlined, the scheduler spilled (ptxas, NVRTC 13).
-template <class TY, class TS, int EPI, bool BIAS, int NMAT, class TR, class TO>
+// NORM: each row's sums times its 1 / rms (rinv, mma_row_rms) first.
+template <class TY, class TS, int EPI, bool BIAS, int NMAT, class TR, class TO, bool NORM>
 __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, const float* part, int rows16, int MP,
-                                             int CH, int m0, int mc, int N, int n_off, int n_tile) {
+                                             int CH, int m0, int mc, int N, int n_off, int n_tile, const float* rinv) {
   const TS* bias = (const TS*)P[d.ip[P_GEMV_BIAS_AT]];
   const TR* res = (const TR*)P[d.n_in - 1];
   const int cstride = MP * NMAT * rows16;            // from one chunk's sums to the next
@@ -174,6 +189,7 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
         float s = 0.f;
 #pragma unroll 1
         for (int c = 0; c < CH; c++) s += sl[c * cstride];
+        if (NORM) s *= rinv[m];
         const int col = n_off + r;
         if (BIAS) s += to_f(bias[col]);
         const TY o = from_f<TY>(s);
@@ -195,12 +211,14 @@ __device__ __noinline__ void mma_epilogue(const TaskDesc& d, void* const* P, con
     float s = 0.f;
 #pragma unroll 1
     for (int c = 0; c < CH; c++) s += sl[c * cstride];
+    if (NORM) s *= rinv[m];
     const long long o = (long long)(m0 + m) * N + col;
     if (EPI == 2) {
       const float* su = part + mma_slot(0, m, 1, row, MP, NMAT, rows16);
       float u = 0.f;
 #pragma unroll 1
       for (int c = 0; c < CH; c++) u += su[c * cstride];
+      if (NORM) u *= rinv[m];
       ((TO*)P[d.n_in])[o] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
     } else {
       if (BIAS) s += to_f(bias[col]);
@@ -312,9 +330,11 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   const bf16* x = (const bf16*)P[0];
   char* xs = smem;
   float* part = (float*)(smem + ((MP * xstride + 15) & ~15));
-  float* red = part + NMAT * rows16 * MP * CH;             // NORM: MP * NWARPS, then rinv: MP
+  const int per = NORM ? mma_norm_slots(KW / 8) : NWARPS;  // NORM: a row's slots of sums of squares
+  float* sq = part + NMAT * rows16 * MP * CH;              // [MP][per], then rinv [MP]
+  float* rinv = sq + MP * per;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  char* ring = (char*)(((unsigned long long)(red + MP * NWARPS + MP) + 15) & ~15ULL) + warp * RD * S::BYTES;
+  char* ring = (char*)(((unsigned long long)(rinv + MP) + 15) & ~15ULL) + warp * RD * S::BYTES;
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
@@ -336,15 +356,11 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
     for (int k0 = 0; k0 < Kd; k0 += KW) {
       __syncthreads();                                     // the last window's readers are done
       // x's loads first, then the ring's first RD - 1 jobs (behind x: issued before it, they
-      // delayed the staging), which land during the norm
-      mma_stage_x<NORM ? false : PERM3, NORM ? false : PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
+      // delayed the staging)
+      if (NORM) mma_stage_xn<PERM3, PERM2, NW>(xs, xstride, x, Kd, m0, mc, MP, KW, (const NW*)P[d.n_in - 1], sq);
+      else mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
       if (k0 == 0)
         for (int p = 1; p < RD; p++) issue();
-      if (NORM) {
-        __syncthreads();
-        mma_norm_x<PERM3, PERM2, NW>(xs, xstride, Kd, mc, d.fp[F_GEMV_EPS], (const NW*)P[d.n_in - 1], red,
-                                     red + MP * NWARPS);
-      }
       __syncthreads();
       AMK_MARK(1);
 #pragma unroll 1
@@ -417,10 +433,11 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       }
       AMK_MARK(2);
     }
+    if (NORM) mma_row_rms(sq, per, mc, Kd, d.fp[F_GEMV_EPS], rinv);   // a warp's row once its items are done
     cp_async_wait<0>();                                    // the ring's groups past the last job (empty)
     __syncthreads();
     AMK_MARK(3);
-    mma_epilogue<TY, TS, EPI, BIAS, NMAT, TR, TO>(d, P, part, rows16, MP, CH, m0, mc, N, n_off, n_tile);
+    mma_epilogue<TY, TS, EPI, BIAS, NMAT, TR, TO, NORM>(d, P, part, rows16, MP, CH, m0, mc, N, n_off, n_tile, rinv);
   }
   AMK_MARK(4);
 }
