@@ -34,6 +34,7 @@ from torch_quant_peer import peer_params  # noqa: E402
 import amk  # noqa: E402
 from amk.models.model import Model  # noqa: E402
 from amk.models.presets import PRESETS, random_params, with_overrides  # noqa: E402
+from amk import pytree  # noqa: E402
 from amk.quant import FORMATS  # noqa: E402
 
 
@@ -89,24 +90,27 @@ def read_bandwidth() -> float:
     return nbytes / (ms * 1e-3)
 
 
-def weight_bytes(params: dict) -> int:
+def weight_bytes(params: dict, batch: int = 1) -> int:
+    """Bytes a step reads of the weights: every distinct tensor, a quantized weight's codes,
+    scales and zeros included; an embedding the LM head does not share (a quantized head)
+    only its `batch` looked-up rows."""
+    embed, head = params.get("embed"), params.get("lm_head")
+    untied = isinstance(embed, torch.Tensor) and not (
+        isinstance(head, torch.Tensor) and head.data_ptr() == embed.data_ptr())
     seen, total = set(), 0
     for t in _leaves(params):
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
+            n = t.numel() * t.element_size()
+            total += n // t.shape[0] * min(batch, t.shape[0]) if untied and t is embed else n
     return total
 
 
-def _leaves(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _leaves(v)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _leaves(v)
+def _leaves(x) -> list[torch.Tensor]:
+    """The tensors of a params tree by AMK's pytree (a QuantizedWeight is a node of tensors:
+    a walk over dicts and lists alone dropped them, and the quantized floors counted only the
+    embedding, NOTES v25)."""
+    return pytree.flatten(x, with_paths=False)[0]
 
 
 def quantized(cfg, params: dict, fmt: str | None) -> dict:
@@ -130,7 +134,7 @@ def bench_context(cfg, params, ctx: int, backends: list[str], iters: int, bw: fl
     token = torch.full((batch,), 17, dtype=torch.int32, device="cuda")
     pos = torch.tensor([ctx - 1], dtype=torch.int32, device="cuda")
     kv_bytes = batch * 2 * cfg.n_layers * ctx * cfg.n_kv_heads * cfg.head_dim * 2
-    floor_ms = (weight_bytes(amk_params) + kv_bytes) / bw * 1e3
+    floor_ms = (weight_bytes(amk_params, batch) + kv_bytes) / bw * 1e3
     row = {"context": ctx, "batch": batch, "floor_ms": floor_ms}
 
     row["eager_ms"] = time_ms(lambda: torch_decode_step(m.config, params, token, pos, kv), iters=10)
@@ -257,7 +261,7 @@ def main(argv=None) -> int:
     result = {"model": " ".join([a.model, *a.set]), "max_seq": a.max_seq, "batch": a.batch,
               "quant": a.quant,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "read_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes(amk_params) / 1e9,
+              "read_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes(amk_params, a.batch) / 1e9,
               "rows": []}
     if "cuda" in a.backends:
         try:

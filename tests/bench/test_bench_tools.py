@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 # the tools: every script under bench/ (the helpers beside them have no __main__)
@@ -48,3 +49,30 @@ def test_without_a_gpu_the_tool_says_so(tool):
 def test_decode_refuses_a_bad_shape_override_before_it_needs_a_gpu():
     r = _run("bench/decode.py", "--set", "hidden=x")
     assert r.returncode == 2 and "hidden takes a int" in r.stderr, r.stderr
+
+
+def test_the_decode_floor_counts_quantized_weights_and_an_untied_embedding_row():
+    """bench/decode.py's floor: a QuantizedWeight's codes and scales count (a walk over dicts
+    and lists alone dropped them); an embedding the LM head does not share counts only its
+    looked-up rows; a tied one once, whole."""
+    import sys
+    from dataclasses import replace
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from decode import weight_bytes
+    from amk.models.presets import LLAMA_3_2_1B, random_model
+    cfg = replace(LLAMA_3_2_1B, n_layers=1, vocab=512, hidden=256, n_heads=4, n_kv_heads=2, ffn=512,
+                  max_seq=64)
+    m = random_model(cfg, device="cpu")
+    p = m.params
+    tensors = [p["embed"], p["norm"], p["inv_freq"]] + [t for layer in p["layers"] for t in layer.values()]
+    assert weight_bytes(p) == sum(t.numel() * t.element_size() for t in tensors)    # lm_head is embed
+    m.quantize("int8")
+    q = m.params
+    row = q["embed"].shape[1] * q["embed"].element_size()
+    def nbytes(t):
+        return 0 if t is None else t.numel() * t.element_size()
+    lin = [w for layer in q["layers"] for w in layer.values() if not isinstance(w, torch.Tensor)] + [q["lm_head"]]
+    codes = sum(nbytes(w.q) + nbytes(w.scales) + nbytes(w.zeros) for w in lin)
+    rest = sum(nbytes(t) for layer in q["layers"] for t in layer.values() if isinstance(t, torch.Tensor))
+    rest += nbytes(q["norm"]) + nbytes(q["inv_freq"])
+    assert codes > 0 and weight_bytes(q, batch=3) == codes + rest + 3 * row
