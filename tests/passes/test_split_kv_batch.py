@@ -85,12 +85,7 @@ def test_cuda_folds_the_combine_into_the_o_tiles_only_at_batch_1(batch):
     """At batch 1 each o tile merges the partials itself (no hop); a batch's partials are every
     sequence's, so one combine a kv group writes y once and the o tiles read it."""
     from amk.program.recipe import recipe_of
-    p = batch_program(batch, 512) if batch > 1 else lower(trace(
-        make_decode_step(replace(TINY, max_seq=512)), llama_avals(replace(TINY, max_seq=512), 1),
-        ["params", "token", "pos", "kv"],
-        [BufferKind.WEIGHT, BufferKind.IO_INPUT, BufferKind.IO_INPUT, BufferKind.KV_CACHE],
-        name="llama")[0])
-    prog = run_passes(p, PassOptions.for_backend("cuda"), upto="fuse")["fuse"]
+    prog = run_passes(batch_program(batch, 512), PassOptions.for_backend("cuda"), upto="fuse")["fuse"]
     alone = [t for t in prog.tasks if t.op is K.ATTENTION_COMBINE]
     folded = [t for t in prog.tasks if t.op is K.FUSED
               and any(s.op is K.ATTENTION_COMBINE for s in recipe_of(t).steps)]
