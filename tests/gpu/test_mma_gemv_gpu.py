@@ -14,33 +14,16 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cuda.bindings")
 
-from amk.program.ir import BufferKind  # noqa: E402
-from amk.backends.cuda.runtime import CudaProgram  # noqa: E402
-from amk.backends.reference.semantics import RefCtx, semantics_for  # noqa: E402
 from amk.models.presets import LLAMA_3_2_1B, random_model  # noqa: E402
 from amk.testing import mma_examples, quant_examples  # noqa: E402
-from amk.testing.cuda_examples import combined_program  # noqa: E402
+from amk.testing.cuda_check import run_cases  # noqa: E402
 
 CASES = mma_examples.cases() + quant_examples.cases()
 
 
 @pytest.fixture(scope="module")
 def runs():
-    prog = combined_program(CASES)
-    cp = CudaProgram(prog, "cuda", validate=False)
-    binds = {f"{c.name}.{k}": v for c in CASES for k, v in c.bindings(seed=3).items()}
-    ref = {}
-    for b in prog.buffers:
-        if b.kind == BufferKind.IO_OUTPUT:
-            cp.buffers[b.id].fill_(float("nan"))
-            ref[b.id] = torch.full(b.shape, float("nan"), dtype=b.dtype.torch)
-        else:
-            ref[b.id] = binds[b.source]
-    for t in prog.tasks:
-        semantics_for(t.op)([ref[i] for i in t.inputs], [ref[o] for o in t.outputs], t.params, RefCtx())
-    cp.run({k: v.cuda() for k, v in binds.items()})
-    got = {b.id: cp._bound.get(b.id, cp.buffers.get(b.id)).clone() for b in prog.buffers}
-    return prog, ref, got
+    return run_cases(CASES, seed=3)
 
 
 @pytest.mark.parametrize("case", [c.name for c in CASES])

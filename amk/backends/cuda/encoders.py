@@ -269,6 +269,16 @@ def _enc_rope(t, op, ins, outs, p) -> Encoded:
     return e
 
 
+def _staged_attention(types: dict, hd: int, batch: int, shards: int) -> str:
+    """The staged attention's device function: on tensor cores (op_attention_mma) for bf16 q,
+    K and V of head dim 64 or 128 in a batch's task over a sequence's whole window (one shard:
+    its chunk pipeline pays over long windows; on the shards of batch 1 and 4 it lost 40-46 us
+    a step, NOTES v26), else on CUDA cores (op_attention_smem)."""
+    bf16 = all(types[k] == "bf16" for k in ("tq", "tk", "tv"))
+    mma = bf16 and hd in (64, 128) and batch > 1 and shards == 1
+    return "op_attention_mma" if mma else "op_attention_smem"
+
+
 def _enc_attention(t, op, ins, outs, p) -> Encoded:
     q, kc, vc, out = ins[0], ins[1], ins[2], outs[0]
     hd = int(p["head_dim"])
@@ -323,7 +333,7 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
                  to=ftype(t, out.dtype), tn=tn, tf="float")
     hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
     cap = float(p.get("softcap", 0.0)) > 0
-    var = (Variant.of("op_attention_smem", **types, hg=hg, hdc=hd, cap=cap) if staged
+    var = (Variant.of(_staged_attention(types, hd, B, int(p.get("kv_shards", 1))), **types, hg=hg, hdc=hd, cap=cap) if staged
            else Variant.of("op_attention", **types, cap=cap))
     e = Encoded(int(op), var, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,

@@ -13,8 +13,8 @@ from typing import Callable
 from amk.program.ir import DType, InstructionKind as K
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
 from amk.backends.cuda.smem import NTHREADS, XS_MAX
-from amk.backends.cuda.steps import (FLOATS, REF_SCRATCH, RMS_RN, Encoded, Fused, Variant, ctype,
-                                     ftype)
+from amk.backends.cuda.steps import (FLOATS, REF_SCRATCH, RMS_RN, STAGED_ATTENTION, Encoded, Fused,
+                                     Variant, ctype, ftype)
 
 
 def _x_width(enc: Encoded) -> int | None:
@@ -97,7 +97,7 @@ def _rope_joins(r, ra, a, aa) -> bool:
     """A staged attention with pos can take this ROPE's rotation: same pos (a row's position
     where the attention puts its sequence) and head_dim, and (if it already rotates the new k
     row) the same frequencies. A batch's attention rotates its own sequences' rows only."""
-    if not (a.is_fn("op_attention_smem") and a.ip["HAS_POS"]
+    if not (a.is_fn(*STAGED_ATTENTION) and a.ip["HAS_POS"]
             and len(aa) > 3 and ra[1].ref == aa[3].ref and r.ip["POS64"] == a.ip["POS64"]
             and _same_positions(r, a) and r.ip["HD"] == a.ip["HD"]):
         return False
@@ -204,7 +204,7 @@ def norm_into_attention(f: Fused) -> Fused:
         x, w = na[0], na[1]
         eps = a.fp.get("QKN_EPS", nrm.fp["EPS"])
         between = [v.ref for st in out[i + 1:j] if st is not None for v in st[2]]
-        if not (shift is not None and a.is_fn("op_attention_smem") and not (have >> shift) & 255
+        if not (shift is not None and a.is_fn(*STAGED_ATTENTION) and not (have >> shift) & 255
                 and (slot == 0 or a.ip.get("NEW_KV")) and nrm.ip["H"] == a.ip["HD"]
                 and aa[0].numel == a.ip["NH"] * a.ip["HD"]          # batch 1 (GPU-tested so)
                 and sum(v.ref == no[0].ref for v in aa) == 1

@@ -20,6 +20,8 @@ RMS_RN = 8              # row elements a thread of rms_row holds (the kernel's A
 SCRATCH_ALIGN = 256
 
 REF_BUFFER, REF_SCRATCH = 0, 1
+# The staged attentions (one template signature, one descriptor): CUDA cores, tensor cores
+STAGED_ATTENTION = ("op_attention_smem", "op_attention_mma")
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,8 @@ class Encoded:
     fp: dict[str, float] = field(default_factory=dict)
     group: str = ""
 
-    def is_fn(self, fn: str) -> bool:
-        return self.variant is not None and self.variant.fn == fn
+    def is_fn(self, *fns: str) -> bool:
+        return self.variant is not None and self.variant.fn in fns
 
 
 def fail(task, msg: str) -> None:

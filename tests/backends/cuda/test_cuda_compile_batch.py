@@ -33,11 +33,13 @@ def test_batch_with_a_position_per_sequence_compiles_for_sm90a(name, cfg, batch,
     # each attention task is one instruction that rotates its own sequences' q and new k rows
     # at their own positions; the o tiles' combines merge the shards' partials, counting the
     # live ones per row (more than one shard)
-    attn = [ln for ln in folded if "op_attention_smem<" in ln]
-    assert len(attn) == len(att)
-    heads = [folded[i - 1] for i, ln in enumerate(folded) if "op_attention_smem<" in ln]
+    # (on tensor cores for the 1B's one shard a sequence: bf16, head dim 64)
+    fn = "op_attention_mma<" if shards == 1 and "1b" in name else "op_attention_smem<"
+    at = [i for i, ln in enumerate(folded) if "op_attention_" in ln and "<" in ln]
+    assert len(at) == len(att) and all(fn in folded[i] for i in at)
+    heads = [folded[i - 1] for i in at]
     assert all("(FUSED, one instruction)" in h or "ATTENTION_TILE" in h for h in heads)
-    params = [folded[i + 1] for i, ln in enumerate(folded) if "op_attention_smem<" in ln]
+    params = [folded[i + 1] for i in at]
     assert all("Q_ROPE=1" in ln and "K_ROPE=1" in ln and "POS_SEQ=1" in ln for ln in params)
     combine = [folded[i + 1] for i, ln in enumerate(folded) if "op_combine<" in ln]
     assert combine and all(f"P={shards}" in ln for ln in combine)

@@ -138,13 +138,20 @@ def _assert_no_spills(prog, scheduler: bool = True, fn: str = "op_gemv_mma"):
 
 @pytest.mark.parametrize("batch", [4, 16, 64])
 def test_batched_1b_steps_compile_without_gemv_spills(batch):
-    """op_gemv_mma of the float steps does not spill; nor does the scheduler at batch 4 and 16
-    (it spilled 28-52 B while the o tiles folded the batch's combine, NOTES v25)."""
-    _assert_no_spills(_one_layer_1b(batch)[0], scheduler=batch < 64)
+    """op_gemv_mma of the float steps does not spill; nor does the scheduler at batch 4 (it
+    spilled 28-52 B while the o tiles folded the batch's combine, NOTES v25; at batch 16 and
+    64 it does again, below)."""
+    _assert_no_spills(_one_layer_1b(batch)[0], scheduler=batch < 16)
+
+
+@pytest.mark.xfail(strict=True, reason="ptxas: the batch-16 scheduler spills 16 B with the tensor-core "
+                                       "attention (op_attention_mma) among its callees (NOTES v26)")
+def test_the_batch_16_scheduler_does_not_spill():
+    _assert_no_spills(_one_layer_1b(16)[0])
 
 
 @pytest.mark.xfail(strict=True, reason="ptxas: the batch-64 scheduler spills 8 B since the norm's "
-                                       "x staging carries its weight (NOTES v25)")
+                                       "x staging carries its weight (NOTES v25), 16 B with op_attention_mma (v26)")
 def test_the_batch_64_scheduler_does_not_spill():
     _assert_no_spills(_one_layer_1b(64)[0])
 
