@@ -333,7 +333,8 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
                  to=ftype(t, out.dtype), tn=tn, tf="float")
     hg = max(g for g in range(1, 9) if rep % g == 0)      # q heads a pass (registers, no predicates)
     cap = float(p.get("softcap", 0.0)) > 0
-    var = (Variant.of(_staged_attention(types, hd, B, int(p.get("kv_shards", 1))), **types, hg=hg, hdc=hd, cap=cap) if staged
+    fn = _staged_attention(types, hd, B, int(p.get("kv_shards", 1)))
+    var = (Variant.of(fn, **types, hg=hg, hdc=hd, cap=cap) if staged
            else Variant.of("op_attention", **types, cap=cap))
     e = Encoded(int(op), var, group="ATTN")
     e.ip = dict(HD=hd, NH=nh, NKV=nkv, KV_START=lo, KV_LEN=kv_len, FLAGS=flags, H_OFF=h_off,
