@@ -28,7 +28,7 @@ from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task,
                             new_task)
 from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Recipe, Step, operand, recipe_of
-from amk.program.regions import Region
+from amk.program.regions import Region, merge
 
 # Ops cheap enough to recompute in every reader (no weight matrix streamed). A combine reads
 # every partial (P x heads x (hd+2) floats), still cheaper than a task hand-off on a GPU; it is
@@ -172,7 +172,8 @@ def to_task(steps: list[_Step], like: Task, name: str, recipes: dict[tuple, Reci
 
 class _Touches:
     """Which tasks touch which column ranges of each buffer (kept current while fusing).
-    Whole-buffer ranges are kept apart, so a lookup scans only the narrow ranges near it."""
+    Whole-buffer ranges are kept apart, so a lookup scans only the narrow ranges near it.
+    A Region's rows are not kept: a lookup over-approximates (the safe side for fusing)."""
 
     def __init__(self, bufs):
         self.bufs = bufs
@@ -213,17 +214,6 @@ class _Touches:
         return out
 
 
-def _merge(regions: list[Region]) -> list[Region]:
-    """Sorted, overlapping or touching ranges of one buffer merged (as task_regions returns)."""
-    out: list[Region] = []
-    for r in sorted(regions):
-        if out and out[-1].buffer == r.buffer and r.lo <= out[-1].hi:
-            out[-1] = Region(r.buffer, out[-1].lo, max(out[-1].hi, r.hi))
-        else:
-            out.append(r)
-    return out
-
-
 def drop_unused_buffers(program: Program) -> Program:
     """Remove ACTIVATION buffers no task touches; renumber buffer ids densely."""
     used = set(program.outputs)
@@ -255,7 +245,7 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
         key = tuple(regions)
         got = lists.get(key)
         if got is None:
-            got = lists[key] = [Region(new_id[b], lo, hi) for b, lo, hi in regions]
+            got = lists[key] = [Region(new_id[r.buffer], r.lo, r.hi, r.r0, r.r1) for r in regions]
         return got
 
     tasks = tuple(rebuilt(t, inputs=renamed_ids(t.inputs), outputs=renamed_ids(t.outputs))
@@ -332,7 +322,8 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
         ra = root_op(A, roots)
         last = users[-1]
         ok = all((ra, root_op(tasks[b], roots)) in rules
-                 and all(r.buffer != y or (wy0.lo <= r.lo and r.hi <= wy0.hi)
+                 and all(r.buffer != y or (wy0.lo <= r.lo and r.hi <= wy0.hi
+                                               and wy0.r0 <= r.r0 and r.r1 <= wy0.r1)
                          for r in regions[b][0]) for b in users)
         # A moves to its readers: nothing it reads (or writes) may change in between
         if not ok or written_between(wy0, a, last) or any(
@@ -368,7 +359,7 @@ def fuse(program: Program, opts: PassOptions | None = None) -> Program:
             b_reads, b_writes = regions[b]
             readers.remove(b, b_reads)
             # what FUSED touches = the union over its steps' external operands
-            regions[b] = (_merge(a_reads + [r for r in b_reads if r.buffer != y]), b_writes)
+            regions[b] = (merge(a_reads + [r for r in b_reads if r.buffer != y]), b_writes)
             remember_regions(nb, bufs, regions[b])
             readers.add(b, regions[b][0])
             tasks[b] = nb

@@ -21,7 +21,7 @@ over), each covering only its sequences, each at its own position (pos [B] or [1
 partials are sequence-major, [1, B*n_heads*(head_dim+2)] (sequence b's heads at columns
 b*n_heads*(head_dim+2)..: regions.py), so tasks of different sequences write different columns;
 P counts the sequence groups too (num_sms // (G x groups): one shard a sequence at batch 16 on
-an H200), and a batch keeps its partials and combine even at P = 1 (without a live count).
+an H200); at P = 1 a batch's tasks write their rows of y directly, as batch 1's do.
 
 P is the capacity's count (tasks and partial buffers in the schedule). With a runtime pos the
 shards also carry kv_shard_rows R (shard_rows: opts.kv_shard_min for a derived P, the rule P
@@ -112,9 +112,14 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
             continue
         changed = True
         heads = [{"h_off": g * rep, "h_count": rep} for g in range(groups)] if flat else [{}]
-        if P == 1 and B == 1:
-            out += [Task(t.id, t.op, t.inputs, t.outputs, {**p, **h}, t.waits, t.out_counter,
-                         f"{t.name}[kv {g}/{groups}]") for g, h in enumerate(heads)]
+        if P == 1:
+            # one shard a sequence: each task writes its heads of its sequences' rows of y
+            # (regions.py: a row a sequence), no partial and no combine
+            for sq in seqs:
+                where = f"seq {sq['b_off']}+{per} " if sq else ""
+                out += [Task(t.id, t.op, t.inputs, t.outputs, {**p, **sq, **h}, t.waits,
+                             t.out_counter, f"{t.name}[{where}kv {g}/{groups}]")
+                        for g, h in enumerate(heads)]
             continue
         parts = []
         shape = (1, B * nh * (hd + 2)) if B > 1 else tuple(q.shape[:-1]) + (nh * (hd + 2),)

@@ -1,9 +1,9 @@
 """Which earlier tasks each task must follow, from the regions it touches (program order).
 
-For every buffer we keep an interval map of its columns: each segment remembers its last writer
-and the readers since that write. A read depends on the last writers of its columns (RAW); a
-write depends on the readers since the last write of each column (WAR) or, where there were
-none, on the last writer (WAW). The readers already follow that writer, so every conflicting
+For every buffer we keep an interval map of its columns (one a row for a buffer that some
+region names rows of): each segment remembers its last writer and the readers since that
+write. A read depends on the last writers of its columns (RAW); a write depends on the readers
+since the last write of each column (WAR) or, where there were none, on the last writer (WAW). The readers already follow that writer, so every conflicting
 pair is joined by a chain of these edges: no transitive closure is needed for completeness.
 
 A decode program is full of all-to-all patterns (256 tiles each reading a vector that 64 tiles
@@ -18,7 +18,7 @@ from bisect import bisect_right
 from typing import Collection, NamedTuple, Sequence
 
 from amk.program.ir import Buffer, BufferKind, Program, Task
-from amk.program.regions import Region, task_regions
+from amk.program.regions import Region, buffer_rows, task_regions
 
 RAW, WAR, WAW = "RAW", "WAR", "WAW"
 _EMPTY: frozenset[int] = frozenset()
@@ -175,27 +175,46 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     # (Activations are, even if unwritten: their unwritten reads are reported.)
     written = {r.buffer for _, writes in regions for r in writes}
     written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
-    cols = {b: _Columns(buffers[b].cols, masks) for b in written}
+    # A buffer some region names rows of gets a column map a row (each region touches the maps
+    # of its rows); every other buffer one map for all its rows.
+    by_row = {r.buffer for part in regions for rs in part for r in rs
+              if not r.every_row and r.buffer in written}
+    maps = {b: [_Columns(buffers[b].cols, masks) for _ in range(buffer_rows(buffers[b]))]
+            if b in by_row else [_Columns(buffers[b].cols, masks)] for b in written}
+
+    def lanes(r: Region):
+        """(the row r0 of each column map region r touches, the map)."""
+        m = maps[r.buffer]
+        if r.buffer not in by_row:
+            return ((r.r0, m[0]),)
+        r0, r1 = max(r.r0, 0), min(r.r1, len(m))
+        return tuple((k, m[k]) for k in range(r0, r1))
 
     out: list[list[Conflict]] = []
     for task, (reads, writes) in zip(tasks, regions):
         t = task.id
         found: list[Conflict] = []
         reads = [r for r in reads if r.buffer in written]
-        for buf, lo, hi in reads:
-            ws, holes = cols[buf].writers(lo, hi)
-            if ws:
-                found.append(Conflict(RAW, buf, lo, hi, ws))
-            if holes and unwritten is not None:
-                unwritten += [(t, Region(buf, a, b)) for a, b in holes]
-        for buf, lo, hi in writes:
-            cols[buf].overwritten(buf, lo, hi, found)
+        for r in reads:
+            for row, m in lanes(r):
+                ws, holes = m.writers(r.lo, r.hi)
+                if ws:
+                    found.append(Conflict(RAW, r.buffer, r.lo, r.hi, ws))
+                if holes and unwritten is not None:
+                    one = r.buffer in by_row
+                    unwritten += [(t, Region(r.buffer, a, b, row, row + 1) if one else
+                                   Region(r.buffer, a, b, r.r0, r.r1)) for a, b in holes]
+        for r in writes:
+            for _, m in lanes(r):
+                m.overwritten(r.buffer, r.lo, r.hi, found)
         out.append(found)
         # A task's own reads go in before its writes, so a write supersedes them.
-        for buf, lo, hi in reads:
-            cols[buf].read(lo, hi, t)
-        for buf, lo, hi in writes:
-            cols[buf].write(lo, hi, t)
+        for r in reads:
+            for _, m in lanes(r):
+                m.read(r.lo, r.hi, t)
+        for r in writes:
+            for _, m in lanes(r):
+                m.write(r.lo, r.hi, t)
     return out
 
 

@@ -1,6 +1,8 @@
 """What each task reads and writes, as column ranges of buffers (docs/PROGRAM.md, "Regions").
 
-A Region is columns [lo, hi) of a buffer's last axis, all rows. Everything that reasons about
+A Region is columns [lo, hi) of a buffer's last axis, in every row or in rows [r0, r1) of its
+leading axes taken as one (a batched attention task writes only its sequences' rows of y).
+Everything that reasons about
 hazards (deps, validate, the counter allocator) goes through `task_regions`, one table below.
 Over-approximation is the safe direction for writes and for race checks; reads are kept exact
 where the op's contract says so (tiled elementwise, per-head attention) so the coverage proof
@@ -15,18 +17,34 @@ from amk.program.ir import Buffer, InstructionKind as K, Task
 from amk.program.recipe import INPUT, OUTPUT, parse_recipe
 
 
+ALL_ROWS = 1 << 62      # a Region's r1 when it spans every row
+
+
 class Region(NamedTuple):
     buffer: int
     lo: int
     hi: int
+    r0: int = 0
+    r1: int = ALL_ROWS
+
+    @property
+    def every_row(self) -> bool:
+        return self.r0 <= 0 and self.r1 >= ALL_ROWS
 
     def __str__(self) -> str:
-        return f"b{self.buffer}[{self.lo}:{self.hi}]"
+        rows = "" if self.every_row else f"rows {self.r0}:{self.r1}, "
+        return f"b{self.buffer}[{rows}{self.lo}:{self.hi}]"
 
 
 def overlaps(a: Region, b: Region) -> bool:
-    """Same buffer and the column ranges intersect."""
-    return a.buffer == b.buffer and a.lo < b.hi and b.lo < a.hi
+    """Same buffer, and the column ranges and the row ranges intersect."""
+    return (a.buffer == b.buffer and a.lo < b.hi and b.lo < a.hi
+            and a.r0 < b.r1 and b.r0 < a.r1)
+
+
+def buffer_rows(buf: Buffer) -> int:
+    """The rows a Region's r0 / r1 count: every leading axis taken as one."""
+    return buf.numel // max(buf.cols, 1)
 
 
 # How each opcode touches its operands. "tile" = the op honours n_off/N_tile on its output and on
@@ -145,17 +163,21 @@ def seq_range(params: Mapping[str, Any], n_seq: int) -> tuple[int, int]:
     return b_off, b_off + int(params.get("b_count", n_seq - b_off))
 
 
-def _seq_head_cols(bid: int | None, params: Mapping[str, Any], row: int, width,
+def _seq_head_cols(bid: int | None, params: Mapping[str, Any], row: int, width, rows,
                    own_seqs: bool) -> list[Region]:
     """The regions of a per-head operand. A buffer of one row holding several sequences'
     heads one after the other (split_kv's batched partials, [1, B*n_heads*row]: sequence b's
     heads are columns [b*n_heads*row, (b+1)*n_heads*row)) gives each sequence (own_seqs: each
     of the task's seq_range) its head columns; a buffer of n_heads*row columns gives the head
-    columns of every row; anything else is whole."""
+    columns of every row, or (own_seqs, b_off given) of the task's sequences' rows (a row a
+    sequence: a batched task's direct output, [B, n_heads*row]); anything else is whole."""
     if bid is None:
         return []
     w, per_seq = width(bid), int(params.get("n_heads", 0)) * row
     cols = _head_cols(params, row) or (0, per_seq)
+    if per_seq > 0 and w == per_seq and own_seqs and "b_off" in params:
+        r0, r1 = seq_range(params, rows(bid))
+        return [Region(bid, *cols, r0, r1)]
     if per_seq <= 0 or w == per_seq or w % per_seq:
         return _cols(bid, *cols, width) if "h_off" in params else _whole(bid, width)
     lo, hi = seq_range(params, w // per_seq) if own_seqs else (0, w // per_seq)
@@ -163,8 +185,9 @@ def _seq_head_cols(bid: int | None, params: Mapping[str, Any], row: int, width,
 
 
 def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
-                params: Mapping[str, Any], width, out_width: int | None):
-    """(reads, writes) of one primitive op; None operands are FUSED scratch (private)."""
+                params: Mapping[str, Any], width, rows, out_width: int | None):
+    """(reads, writes) of one primitive op; None operands are FUSED scratch (private).
+    width(b) / rows(b): buffer b's columns and its rows (buffer_rows)."""
     reads: list[Region] = []
     writes: list[Region] = []
     if op in _GEMV:
@@ -193,11 +216,11 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
             if op is K.ATTENTION_TILE and i >= 4 and kv_cols is not None:
                 reads += _cols(b, *kv_cols, width)
             elif i < n_parts or i == 0:
-                reads += _seq_head_cols(b, params, in_row, width, False)
+                reads += _seq_head_cols(b, params, in_row, width, rows, False)
             else:
                 reads += _whole(b, width)
         for o in outs:
-            writes += _seq_head_cols(o, params, out_row, width, own_seqs)
+            writes += _seq_head_cols(o, params, out_row, width, rows, own_seqs)
     elif op is K.COPY and "x_off" in params:
         # a column move (slice / concat): columns [x_off, x_off + w) of x -> the output's tile
         lo, hi = _tile_range(params, out_width) or (0, out_width or 0)
@@ -237,24 +260,24 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
 _FUSED = IdentityMemo(limit=100_000)
 
 
-def _fused_regions(task: Task, width):
+def _fused_regions(task: Task, width, rows):
     """Union over recipe steps of the regions on external operands (scratch is private)."""
     recipe = task.params.get("recipe")
     first: dict[int, int] = {}
     pattern = tuple(first.setdefault(b, len(first)) for b in task.inputs + task.outputs)
     ids = list(first)
     n_in = len(task.inputs)
-    over = _FUSED.get(recipe, (pattern, tuple(width(b) for b in ids)),
+    over = _FUSED.get(recipe, (pattern, tuple((width(b), rows(b)) for b in ids)),
                       lambda: _fused_regions_over(recipe, pattern[:n_in], pattern[n_in:],
-                                                  lambda k: width(ids[k])))
-    return tuple(sorted(Region(ids[r.buffer], r.lo, r.hi) for r in rs) for rs in over)
+                                                  lambda k: width(ids[k]), lambda k: rows(ids[k])))
+    return tuple(sorted((Region(ids[r[0]], r[1], r[2], r[3], r[4]) for r in rs), key=_order) for rs in over)
 
 
 def forget_fused_regions() -> None:
     _FUSED.clear()
 
 
-def _fused_regions_over(recipe, inputs: Sequence[int], outputs: Sequence[int], width):
+def _fused_regions_over(recipe, inputs: Sequence[int], outputs: Sequence[int], width, rows):
     reads: list[Region] = []
     writes: list[Region] = []
     for step in parse_recipe(recipe).steps:
@@ -265,19 +288,24 @@ def _fused_regions_over(recipe, inputs: Sequence[int], outputs: Sequence[int], w
         else:
             o = None
             ow = step.out_shape[-1] if step.out_shape else None
-        r, w = _op_regions(step.op, ins, [o], step.params, width, ow)
+        r, w = _op_regions(step.op, ins, [o], step.params, width, rows, ow)
         reads += r
         writes += w
-    return _merge(reads), _merge(writes)
+    return merge(reads), merge(writes)
 
 
-def _merge(regions: list[Region]) -> list[Region]:
-    """Sorted, with overlapping or touching ranges of one buffer merged."""
+def _order(r: Region) -> tuple[int, int, int, int, int]:
+    return r.buffer, r.r0, r.r1, r.lo, r.hi
+
+
+def merge(regions: list[Region]) -> list[Region]:
+    """Sorted (by buffer, rows, columns), with overlapping or touching column ranges of one
+    buffer and the same rows merged."""
     out: list[Region] = []
-    for r in sorted(regions):
-        if out and out[-1].buffer == r.buffer and r.lo <= out[-1].hi:
-            last = out[-1]
-            out[-1] = Region(r.buffer, last.lo, max(last.hi, r.hi))
+    for r in sorted(regions, key=_order):
+        last = out[-1] if out else None
+        if last and (last.buffer, last.r0, last.r1) == (r.buffer, r.r0, r.r1) and r.lo <= last.hi:
+            out[-1] = Region(r.buffer, last.lo, max(last.hi, r.hi), r.r0, r.r1)
         else:
             out.append(r)
     return out
@@ -289,8 +317,12 @@ def task_regions(task: Task, buffers: Sequence[Buffer] | Mapping[int, Buffer]
     def width(bid: int) -> int:
         return buffers[bid].cols
 
+    def rows(bid: int) -> int:
+        return buffer_rows(buffers[bid])
+
     if task.op is K.FUSED:
-        return _fused_regions(task, width)
+        return _fused_regions(task, width, rows)
     out_width = width(task.outputs[0]) if task.outputs else None
-    reads, writes = _op_regions(task.op, task.inputs, task.outputs, task.params, width, out_width)
-    return _merge(reads), _merge(writes)
+    reads, writes = _op_regions(task.op, task.inputs, task.outputs, task.params, width, rows,
+                                out_width)
+    return merge(reads), merge(writes)

@@ -35,7 +35,7 @@ from amk.gcpause import without_gc
 from amk.program.deps import RAW, WAR, WAW, scan_all
 from amk.program.ir import Buffer, BufferKind, Program, Task
 from amk.program.opcode_checks import READ_ONLY, _b, _t, check_opcode
-from amk.program.regions import Region, task_regions
+from amk.program.regions import Region, buffer_rows, task_regions
 
 
 @dataclass(frozen=True)
@@ -326,8 +326,9 @@ def _validate(program: Program) -> ValidationResult:
     for t_id, r in unwritten:
         buf = bufs[r.buffer]
         if buf.kind in MUST_BE_WRITTEN:
-            err("coverage", f"{_t(tasks[t_id])} reads {_b(buf)} cols [{r.lo}, {r.hi}) that no "
-                f"earlier task writes ({buf.kind.name} holds nothing before the step)",
+            rows = "" if r.every_row else f"row {r.r0} " if r.r1 == r.r0 + 1 else f"rows [{r.r0}, {r.r1}) "
+            err("coverage", f"{_t(tasks[t_id])} reads {_b(buf)} {rows}cols [{r.lo}, {r.hi}) that "
+                f"no earlier task writes ({buf.kind.name} holds nothing before the step)",
                 task=t_id, buffer=buf.id)
     _check_outputs_written(program, regions, err)
     return res
@@ -337,22 +338,28 @@ def _check_outputs_written(program: Program, regions, err) -> None:
     """Every column of a returned ACTIVATION/IO_OUTPUT buffer is written by some task: the
     caller would otherwise read whatever the buffer held."""
     wanted = {b for b in program.outputs if program.buffers[b].kind in MUST_BE_WRITTEN}
-    spans: dict[int, list[tuple[int, int]]] = {b: [] for b in wanted}
+    spans: dict[int, list[Region]] = {b: [] for b in wanted}
     for _, writes in regions:
         for r in writes:
             if r.buffer in spans:
-                spans[r.buffer].append((r.lo, r.hi))
+                spans[r.buffer].append(r)
     for b in sorted(wanted):
-        buf, covered, gap_end = program.buffers[b], 0, None
-        for lo, hi in sorted(spans[b]):
-            if lo > covered:
-                gap_end = lo
+        buf = program.buffers[b]
+        by_row = any(not r.every_row for r in spans[b])
+        for row in range(buffer_rows(buf)) if by_row else (None,):
+            cols = sorted((r.lo, r.hi) for r in spans[b] if row is None or r.r0 <= row < r.r1)
+            covered, gap_end = 0, None
+            for lo, hi in cols:
+                if lo > covered:
+                    gap_end = lo
+                    break
+                covered = max(covered, hi)
+            if covered < buf.cols:
+                end = gap_end if gap_end is not None else buf.cols
+                where = "" if row is None else f"row {row} "
+                err("coverage", f"output {_b(buf)} {where}cols [{covered}, {end}) are never "
+                    f"written: the caller would read stale memory", buffer=b)
                 break
-            covered = max(covered, hi)
-        if covered < buf.cols:
-            end = gap_end if gap_end is not None else buf.cols
-            err("coverage", f"output {_b(buf)} cols [{covered}, {end}) are never written: "
-                f"the caller would read stale memory", buffer=b)
 
 
 def _report_conflict(err, b: Task, kind: str, buf: Buffer, lo: int, hi: int, bad: int,

@@ -1,6 +1,7 @@
 """split_kv on a decode batch (a cache per sequence): attention tasks per (sequences, kv group,
-shard), each over its own sequences at their own positions, writing sequence-major partials,
-with P chosen for the batch; the step equals the unsplit one on the reference VM."""
+shard), each over its own sequences at their own positions, writing sequence-major partials
+(or, at one shard a sequence, their rows of y), with P chosen for the batch; the step equals
+the unsplit one on the reference VM."""
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,7 @@ from amk.passes.lower import lower
 from amk.passes.options import PassOptions, Target
 from amk.passes.split_kv import sequences_per_task
 from amk.program.ir import BufferKind, DType, InstructionKind as K
+from amk.program.regions import PARTIAL_WRITE, Region, task_regions
 from amk.program.validate import validate
 from amk.trace import trace
 
@@ -53,11 +55,28 @@ def test_batch_tasks_cover_every_sequence_kv_group_and_shard(batch, seqs, shards
     att = _attention(split)
     assert len(att) == 2 * (batch // seqs) * 2 * shards         # layers x groups x kv x P
     assert {t.params["b_count"] for t in att} == {seqs}
-    assert {t.params["kv_shards"] for t in att} == {shards}
+    assert {t.params.get("kv_shards", 1) for t in att} == {shards}
     assert sorted({t.params["b_off"] for t in att}) == list(range(0, batch, seqs))
     assert all(("kv_shard_rows" in t.params) == (shards > 1) for t in att)
     nh, hd = TINY.n_heads, TINY.head_dim
-    assert {split.buffers[t.outputs[0]].shape for t in att} == {(1, batch * nh * (hd + 2))}
+    combines = [t for t in split.tasks if t.op is K.ATTENTION_COMBINE]
+    if shards > 1:      # sequence-major partials, merged by a combine a kv group
+        assert {split.buffers[t.outputs[0]].shape for t in att} == {(1, batch * nh * (hd + 2))}
+        assert len(combines) == 2 * 2
+    else:               # one shard a sequence: each task writes its rows of y, no combine
+        assert {split.buffers[t.outputs[0]].shape for t in att} == {(batch, nh * hd)}
+        assert not any(int(t.params.get("flags", 0)) & PARTIAL_WRITE for t in att)
+        assert not combines
+
+
+def test_a_batch_task_at_one_shard_writes_only_its_sequences_rows_of_y():
+    p = batch_program(16, 8192)
+    split = run_passes(p, PassOptions(target=WIDE), upto="split_kv")["split_kv"]
+    t = next(t for t in _attention(split) if t.params["b_off"] == 0 and t.params["h_off"] == 0)
+    y = t.outputs[0]
+    _, writes = task_regions(t, split.buffers)
+    rep = TINY.n_heads // TINY.n_kv_heads
+    assert writes == [Region(y, 0, rep * TINY.head_dim, 0, 1)]
 
 
 @pytest.mark.parametrize("batch, max_seq", [(2, 64), (3, 8192), (5, 64), (16, 300), (64, 256)])

@@ -19,6 +19,34 @@ def test_overlaps():
     assert not overlaps(Region(1, 0, 8), Region(2, 0, 8))
     assert overlaps(Region(3, 2, 3), Region(3, 0, 16))
     assert str(Region(3, 2, 5)) == "b3[2:5]"
+    assert not overlaps(Region(1, 0, 8, 0, 1), Region(1, 0, 8, 1, 2))   # other rows
+    assert overlaps(Region(1, 0, 8, 1, 2), Region(1, 4, 5))             # every row holds row 1
+    assert str(Region(3, 2, 5, 1, 2)) == "b3[rows 1:2, 2:5]"
+
+
+def batch_rows(seqs_of_task=((0, 1), (1, 1), (2, 1)), wait_all=True):
+    """Three sequences' attention tasks, each writing its rows of y [3, 8] (2 heads of 4),
+    then an o-like GEMV reading y whole."""
+    p = Builder("rows")
+    hd, nh = 4, 2
+    q = p.buf("q", (3, nh * hd), IN)
+    kc, vc = p.buf("k", (3, 16, 1, hd), KV), p.buf("v", (3, 16, 1, hd), KV)
+    y, w, o = p.buf("y", (3, nh * hd)), p.buf("w", (8, nh * hd), W), p.buf("o", (3, 8), OUT)
+    c = p.counter()
+    for b0, n in seqs_of_task:
+        p.task(K.ATTENTION_TILE, [q, kc, vc], [y], {"head_dim": hd, "n_heads": nh, "n_kv_heads": 1,
+               "b_off": b0, "b_count": n}, counter=c, name=f"attn[seq {b0}]")
+    waits = [(c, len(seqs_of_task))] if wait_all else []
+    p.task(K.GEMV_TILE, [y, w], [o], {"K": nh * hd, "n_off": 0, "N_tile": 8}, waits=waits,
+           name="o")
+    return p
+
+
+def test_a_batched_attention_writes_its_rows_and_only_they_order_it():
+    p = batch_rows()
+    assert regions_of(p, 1)[1] == [Region(3, 0, 8, 1, 2)]
+    # tasks of other sequences are independent; the reader of y whole follows all three
+    assert dependencies(p.build()) == [(), (), (), (0, 1, 2)]
 
 
 def test_gemv_tile_reads_x_and_weights_whole_writes_its_columns():
@@ -143,3 +171,29 @@ def test_weights_never_create_dependencies():
         q.task(K.GEMV_TILE, [x, w], [q.buf("y", (1, 4))], {"n_off": 0, "N_tile": 4, "K": 4})
     assert dependencies(q.build()) == [(), (), ()]
     _ = DType
+
+
+def test_validate_checks_the_rows_a_batched_task_writes():
+    from amk.program.validate import validate
+    assert validate(batch_rows().build()).ok
+    # two tasks on sequence 1 and none on 2: a WAW race on row 1, and row 2 read unwritten
+    kinds = {(e.kind, e.task) for e in validate(batch_rows(((0, 1), (1, 1), (1, 1))).build()).errors}
+    assert ("race", 2) in kinds and ("coverage", 3) in kinds
+    msg = next(e.message for e in validate(batch_rows(((0, 1), (1, 1))).build()).errors)
+    assert "row 2 cols [0, 8)" in msg
+    # one task over sequences 0 and 1 plus one over 2: every row written once
+    assert validate(batch_rows(((0, 2), (2, 1))).build()).ok
+
+
+def test_an_output_written_by_rows_is_checked_row_by_row():
+    from amk.program.validate import validate
+    p = batch_rows(((0, 1), (2, 1)), wait_all=False)
+    p.buffers[3] = p.buffers[3].__class__(3, "y", OUT, DType.F32, (3, 8))
+    p.tasks.pop()                                        # y is the output, nobody reads it
+    prog = p.build().with_(outputs=(3,))
+    errs = validate(prog).errors
+    assert [e.kind for e in errs] == ["coverage"] and "row 1 cols [0, 8)" in errs[0].message
+    p = batch_rows(wait_all=False)
+    p.buffers[3] = p.buffers[3].__class__(3, "y", OUT, DType.F32, (3, 8))
+    p.tasks.pop()
+    assert validate(p.build().with_(outputs=(3,))).ok
