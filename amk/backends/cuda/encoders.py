@@ -191,7 +191,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                                       ri=gemv_quant.rows_per_item(qmode, 1, n_tile, Kd, zeros is not None))
     elif mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
-                                  bias=has_bias, zeros=zeros is not None, nb=mma.nb)
+                                  bias=has_bias, zeros=zeros is not None, nb=mma.nb, xr=mma.xr)
     elif direct:
         var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
                           bias=has_bias, tr="float", to=ftype(t, out.dtype))

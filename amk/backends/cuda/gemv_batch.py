@@ -15,6 +15,11 @@ also the rows' scales and zeros) copied by cp.async, RD - 1 jobs ahead of the wa
 across its items and windows. The plan takes the fewest passes over the weights (MP = 8 NB rows
 of x a pass), then enough items for every warp, then rings of 3 stages or more, then the fewest
 windows, then the deepest ring (plan).
+
+x through the ring (XR, bf16 without the norm): a tile that reads x about once (one 16-row
+group: o and down at batch 16) has no x window; each job's stage also holds x's rows over its
+segment (one k-block a job), so x streams with the weights, without the windows' barriers and
+stagings (down at batch 16: 17 of its 24.5 us a tile were its four windows' stagings, NOTES v24).
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from amk.backends.cuda.steps import Variant
 NB_MAX = 4                       # n-tiles of 8 rows of x a pass (registers: 4 x 8 accumulators)
 KU = 2                           # k-blocks (16-byte loads per row per lane) an item has in flight
 #                                  (4: ptxas spilled in op_gemv_mma and the scheduler)
+KU_XR = 1                        # with x through the ring: x's rows of a job are 64 bytes (no
+#                                  bank conflicts, mma_issue_x)
 VW = {0: 8, 1: 16, 2: 32, 3: 16}  # elements of a 16-byte weight vector, by QMODE
 NWARPS = NTHREADS // 32
 RD_MAX = 6                       # stages of a warp's ring (the template waits for up to 5 behind)
@@ -46,18 +53,21 @@ class MmaPlan:
     kw: int                      # x window (ip KW)
     spi: int                     # K segments an item (ip SPI)
     rd: int                      # stages of each warp's weight ring (ip RD)
+    xr: bool = False             # x through the ring with the weights (template XR)
 
 
-def segment(qmode: int) -> int:
+def segment(qmode: int, xr: bool = False) -> int:
     """Elements of K one item's segment covers (KU k-blocks of 4 lanes x a 16-byte vector)."""
-    return KU * 4 * VW[qmode]
+    return (KU_XR if xr else KU) * 4 * VW[qmode]
 
 
-def stage_bytes(qmode: int) -> int:
-    """A ring stage (the template's MmaStage): 2 rows x KU k-blocks x 32 lanes of 16-byte
-    weight vectors, quantized then the words of the 16 rows' scales and zeros a k-block."""
-    w = 2 * KU * 32 * 16
-    return w + (0 if qmode == 0 else 2 * (2 * KU * 8 * 4))
+def stage_bytes(qmode: int, xr: bool = False, mp: int = 0) -> int:
+    """A ring stage (the template's MmaStage, SB): 2 rows x KU k-blocks x 32 lanes of 16-byte
+    weight vectors, quantized then the words of the 16 rows' scales and zeros a k-block; XR
+    then the pass's mp rows of x over the segment."""
+    ku = KU_XR if xr else KU
+    w = 2 * ku * 32 * 16
+    return w + (0 if qmode == 0 else 2 * (2 * ku * 8 * 4)) + (mp * segment(qmode, True) * 2 if xr else 0)
 
 
 def norm_slots(kw: int) -> int:
@@ -68,21 +78,46 @@ def norm_slots(kw: int) -> int:
 
 
 def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int, rd: int,
-               norm: bool = False) -> int:
+               norm: bool = False, xr: bool = False) -> int:
     """The work area a plan uses (the template's layout)."""
     mp = 8 * nb
-    xstride = kw * 2 + (64 if qmode == 0 else 16)
+    xstride = 0 if xr else kw * 2 + (64 if qmode == 0 else 16)
     x = -(-mp * xstride // 16) * 16
-    ch = -(-kw // (spi * segment(qmode)))
+    ch = -(-kw // (spi * segment(qmode, xr)))
     rows16 = -(-n_tile // 16) * 16
     per = norm_slots(kw) if norm else NWARPS
     sums = x + 4 * (nmat * rows16 * mp * ch + mp * per + mp)
-    return -(-sums // 16) * 16 + NWARPS * rd * stage_bytes(qmode)
+    return -(-sums // 16) * 16 + NWARPS * rd * stage_bytes(qmode, xr, mp)
 
 
-def items(qmode: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
+def items(qmode: int, kw: int, spi: int, n_tile: int, nmat: int, xr: bool = False) -> int:
     """A window's items: (matrix, 16-row group, chunk of SPI segments), one warp's work each."""
-    return nmat * -(-n_tile // 16) * -(-kw // (spi * segment(qmode)))
+    return nmat * -(-n_tile // 16) * -(-kw // (spi * segment(qmode, xr)))
+
+
+def _takes_xr(qmode: int, norm: bool, n_tile: int, nmat: int, mp: int) -> bool:
+    """x through the ring: bf16 without the norm, where the tile's items read x no more than
+    its window would (one 16-row group), or x's re-reads weigh at most one group's weights."""
+    groups = nmat * -(-n_tile // 16)
+    return qmode == 0 and not norm and (groups == 1 or groups * mp <= 16)
+
+
+def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | None:
+    """The XR plan of nb n-tiles: one window of all of K; enough items for every warp, then
+    the deepest ring of 2 stages or more that fits, then the fewest segments a warp runs, then
+    the fewest chunks (the epilogue adds them)."""
+    seg = segment(0, True)
+    nseg = -(-K // seg)
+    kw = nseg * seg
+    fits = [MmaPlan(nb, kw, s, rd, True) for rd in range(2, RD_MAX + 1) for s in range(1, nseg + 1)
+            if smem_bytes(0, nb, kw, s, n_tile, nmat, rd, xr=True) <= budget]
+    if not fits:
+        return None
+
+    def rank(p: MmaPlan):
+        n = items(0, p.kw, p.spi, n_tile, nmat, True)
+        return -min(n, NWARPS), -p.rd, -(-n // NWARPS) * p.spi, -(-p.kw // (p.spi * seg))
+    return min(fits, key=rank)
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,10 +130,14 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
     16 warps loading, 93 us a tile); then at most WINDOWS_MAX windows; then rings of RD_GOOD
     stages (the loads in flight); then the fewest windows (a window is two barriers and its x
     staging); then the deepest ring; then the fewest segments a warp runs and the fewest chunks
-    (the epilogue adds them). Every plan that fits is ranked (memoised: one search a shape)."""
+    (the epilogue adds them). Every plan that fits is ranked (memoised: one search a shape).
+    A tile that takes x through the ring (_takes_xr) gets its XR plan where one fits."""
     seg = segment(qmode)
     nseg = -(-K // seg)
     for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
+        xr = _plan_xr(K, n_tile, nmat, nb, budget) if _takes_xr(qmode, norm, n_tile, nmat, 8 * nb) else None
+        if xr is not None:
+            return xr
         kws = sorted({-(-nseg // w) * seg for w in range(1, nseg + 1)}, reverse=True)
         fits = []
         for kw in kws:
@@ -129,10 +168,15 @@ def scales_vectors(qmode: int, group: int, ngroups: int) -> bool:
 
 
 def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, nb, tr="float", to=None,
-             norm=False, nw="float") -> Variant:
+             norm=False, nw="float", xr=False) -> Variant:
     """op_gemv_mma with every template argument, in its order."""
     return Variant.of("op_gemv_mma", ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi, bias=bias,
-                      zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw)
+                      zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw, xr=xr)
+
+
+def with_plan(v: Variant, p: MmaPlan) -> Variant:
+    """An op_gemv_mma variant with plan p's template arguments (its ip: plan_ip)."""
+    return v.with_(nb=p.nb, xr=p.xr)
 
 
 def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None,
@@ -146,7 +190,7 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
 def step_bytes(v: Variant, ip: dict) -> int:
     """The work area an op_gemv_mma step's plan uses."""
     return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"],
-                      v.arg("norm"))
+                      v.arg("norm"), v.arg("xr"))
 
 
 def plan_ip(p: MmaPlan) -> dict:

@@ -81,26 +81,33 @@ def test_plans_fit_the_work_area_and_take_the_fewest_passes():
                                 (16, 2048, 64, 2, 0), (64, 8192, 16, 1, 2), (1, 2048, 972, 1, 1)):
         p = gemv_batch.plan(M, K, rows, nmat, q)
         assert p is not None
-        assert gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, rows, nmat, p.rd) <= gemv_batch.BUDGET
+        assert gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, rows, nmat, p.rd, xr=p.xr) <= gemv_batch.BUDGET
         if p.nb < gemv_batch.NB_MAX and 8 * p.nb < M:      # one more n-tile does not fit at all
             assert gemv_batch.plan(8 * (p.nb + 1), K, rows, nmat, q).nb == p.nb
-    assert gemv_batch.plan(16, 8192, 16, 1, 0).kw < 8192                # 256 KiB of x: windows
-    assert gemv_batch.plan(16, 8192, 16, 1, 0).nb == 2
+    # one 16-row group (down, o at batch 16): x through the ring with the weights, no window
+    down = gemv_batch.plan(16, 8192, 16, 1, 0)
+    assert down.xr and down.kw == 8192 and down.nb == 2 and down.rd >= gemv_batch.RD_GOOD
+    assert gemv_batch.plan(64, 8192, 16, 1, 0).xr and gemv_batch.plan(4, 2048, 32, 1, 0).xr
+    # x read by several groups, a norm, quantized weights: x windows
+    assert not any(gemv_batch.plan(*a).xr for a in ((16, 2048, 64, 2, 0), (16, 2048, 976, 1, 0),
+                                                    (16, 8192, 16, 1, 1), (64, 2048, 32, 1, 0)))
+    assert not gemv_batch.plan(16, 8192, 16, 1, 0, norm=True).xr      # a norm stages its x
     assert gemv_batch.plan(16, 8192, 16, 1, 0, norm=True).nb == 1        # a norm needs one window
     assert gemv_batch.plan(16, 2048, 24, 1, 0, norm=True).kw >= 2048
 
 
 def test_plans_give_every_warp_an_item_where_a_window_can():
     """The 1B step's GEMVs at batch 16 (down 16 rows of K 8192, gate/up 64 of two matrices, q
-    24 with its norm, o 16): a window has an item for each of the CTA's warps; the down
-    projection takes three windows for it rather than one window of three items."""
+    24 with its norm, o 16): a window has an item for each of the CTA's warps (down and o
+    through the ring in one window of 16 chunks; a tile of two groups in windows rather than
+    one window of a few items)."""
     for M, K, rows, nmat, norm in ((16, 8192, 16, 1, False), (16, 2048, 64, 2, True),
                                    (16, 2048, 24, 1, True), (16, 2048, 16, 1, False), (4, 8192, 16, 1, False)):
         p = gemv_batch.plan(M, K, rows, nmat, 0, norm=norm)
-        assert gemv_batch.items(0, p.kw, p.spi, rows, nmat) >= gemv_batch.NWARPS, (M, K, rows, p)
+        assert gemv_batch.items(0, p.kw, p.spi, rows, nmat, p.xr) >= gemv_batch.NWARPS, (M, K, rows, p)
         assert p.rd >= gemv_batch.RD_GOOD, (M, K, rows, p)       # loads in flight
-    p = gemv_batch.plan(16, 8192, 16, 1, 0)
-    assert -(-8192 // p.kw) <= gemv_batch.WINDOWS_MAX
+    p = gemv_batch.plan(16, 8192, 32, 1, 0)                              # two groups: windows
+    assert not p.xr and -(-8192 // p.kw) <= gemv_batch.WINDOWS_MAX
 
 
 def test_a_batched_step_folds_as_the_batch_1_step_does():

@@ -292,6 +292,20 @@ __device__ __forceinline__ void mma_issue(char* st, const char* W, long long rby
   }
 }
 
+// XR: the pass's MP rows of x over a job's segment into the job's stage, after its weights:
+// [m][16-byte vector] with rows of KU * 64 bytes (KU 1: lanes (g, t) read row g's vector t, 8
+// lanes of a phase two whole rows: no bank conflicts); zeros past K and for rows past mc.
+template <int KU, int MP>
+__device__ __forceinline__ void mma_issue_x(char* st, const bf16* x, int Kd, int m0, int mc, int ks) {
+  constexpr int CV = KU * 4;                               // 16-byte vectors a row's segment
+#pragma unroll
+  for (int i = threadIdx.x & 31; i < MP * CV; i += 32) {
+    const int m = i / CV, k = ks + (i - m * CV) * 8;
+    if (m < mc && k < Kd) cp_async16(st + i * 16, x + (long long)(m0 + m) * Kd + k);
+    else cp_async16_zero(st + i * 16, x);
+  }
+}
+
 __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 groups back is in
   if (RD >= 6) cp_async_wait<5>();
   else if (RD == 5) cp_async_wait<4>();
@@ -309,22 +323,28 @@ __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 
 // window's x staging (and norm) overlaps the loads. EPI as op_gemv_direct's, for every row m
 // of x: 0 store (+ bias), 1 ADD the residual's row m, 2 (NMAT 2) silu(gate) * up, 3 store and
 // the tile's argmax partial of row m at parts[(m ARG_SLOTS + ARG_SLOT) 2]. NORM: x is the
-// RMSNorm of P[0] with weight P[n_in - 1] (one window).
+// RMSNorm of P[0] with weight P[n_in - 1] (one window). XR (bf16, no NORM): no x window: each
+// job's stage also holds x's rows over its segment (mma_issue_x), one k-block a job (KU 1), so
+// x streams with the weights RD - 1 jobs ahead (a tile of one 16-row group reads x once either
+// way: o and down at batch 16, whose x windows cost 4 barriers and stagings a tile).
 // P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
 // then the outputs.
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
-          class TR = float, class TO = TY, bool NORM = false, class NW = float>
+          class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
-  constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = 2, SEG = KU * KB, MP = 8 * NB;
+  constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = XR ? 1 : 2, SEG = KU * KB, MP = 8 * NB;
   constexpr bool PERM2 = QMODE == 2, PERM3 = QMODE == 3;
+  static_assert(!XR || (QMODE == 0 && !NORM), "x through the ring: bf16 weights, no norm");
   using S = MmaStage<QMODE, KU>;
+  constexpr int SB = S::BYTES + (XR ? MP * KU * 64 : 0);  // a stage: the job's weights, then (XR) its x
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const int KW = d.ip[P_GEMV_KW], SPI = d.ip[P_GEMV_SPI], RD = d.ip[P_GEMV_RD];
   const int group = d.ip[P_GEMV_GROUP], ng = d.ip[P_GEMV_NGROUPS];
   const long long rbytes = QMODE == 0 ? (long long)d.ip[P_GEMV_LDW] * 2 : (long long)d.ip[P_GEMV_LDW];
   const int nv = Kd / VW;                                  // 16-byte vectors a row
-  const int xstride = KW * 2 + (QMODE == 0 ? 64 : 16);     // lanes' 16-byte x loads: no bank conflicts
+  const int xstride = XR ? 0 : KW * 2 + (QMODE == 0 ? 64 : 16);   // lanes' 16-byte x loads: no bank conflicts
+  const int xrow = XR ? KU * 64 : xstride;                 // a row of x where the mma reads it
   const int rows16 = (n_tile + 15) & ~15, groups = rows16 / 16;
   const int CH = (KW + SPI * SEG - 1) / (SPI * SEG), items = NMAT * groups * CH;
   const bf16* x = (const bf16*)P[0];
@@ -334,7 +354,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   float* sq = part + NMAT * rows16 * MP * CH;              // [MP][per], then rinv [MP]
   float* rinv = sq + MP * per;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  char* ring = (char*)(((unsigned long long)(rinv + MP) + 15) & ~15ULL) + warp * RD * S::BYTES;
+  char* ring = (char*)(((unsigned long long)(rinv + MP) + 15) & ~15ULL) + warp * RD * SB;
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
@@ -344,24 +364,26 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       if (IW > 0 && ic.k0 < Kd) {
         const int it = warp + ic.q * NWARPS, mat = it / (groups * CH), grp = (it - mat * groups * CH) / CH;
         const int ks = ic.k0 + (it % CH) * SPI * SEG + ic.s * SEG;
-        if (ks < Kd && ks < ic.k0 + KW)
-          mma_issue<QMODE, KU, ZEROS, TS, TZ>(ring + ic.slot * S::BYTES, (const char*)P[1 + mat] + (long long)n_off * rbytes,
+        if (ks < Kd && ks < ic.k0 + KW) {
+          mma_issue<QMODE, KU, ZEROS, TS, TZ>(ring + ic.slot * SB, (const char*)P[1 + mat] + (long long)n_off * rbytes,
                                               rbytes, n_off, grp * 16, n_tile, nv, ks, (const TS*)P[1 + NMAT + mat],
                                               (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1 + NMAT + mat], ng, group);
+          if (XR) mma_issue_x<KU, MP>(ring + ic.slot * SB + S::BYTES, x, Kd, m0, mc, ks);
+        }
       }
       cp_async_commit();                                   // empty past the last job: the count stays
       ic.next(SPI, IW, KW, RD);
     };
     int slot = 0;                                          // the next job's stage
     for (int k0 = 0; k0 < Kd; k0 += KW) {
-      __syncthreads();                                     // the last window's readers are done
+      __syncthreads();                                     // the last window's (the last pass's) readers are done
       // x's loads first, then the ring's first RD - 1 jobs (behind x: issued before it, they
       // delayed the staging)
       if (NORM) mma_stage_xn<PERM3, PERM2, NW>(xs, xstride, x, Kd, m0, mc, MP, KW, (const NW*)P[d.n_in - 1], sq);
-      else mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
+      else if (!XR) mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
       if (k0 == 0)
         for (int p = 1; p < RD; p++) issue();
-      __syncthreads();
+      if (!XR) __syncthreads();
       AMK_MARK(1);
 #pragma unroll 1
       for (int q = 0; q < IW; q++) {
@@ -374,8 +396,8 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
         for (int s = 0; s < SPI; s++) {
           issue();
           mma_ring_wait(RD);
-          if (QMODE != 0) __syncwarp();                    // the t = 0 lanes' scale words
-          const char* stg = ring + slot * S::BYTES;
+          if (QMODE != 0 || XR) __syncwarp();              // the t = 0 lanes' scale words, other lanes' x
+          const char* stg = ring + slot * SB;
           slot = slot + 1 == RD ? 0 : slot + 1;
           const int ks = kc0 + s * SEG;
           if (ks >= Kd || ks >= k0 + KW) continue;         // past the window: no loads, no sums
@@ -398,7 +420,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
             unsigned a0[VW / 2], a1[VW / 2];
             mma_unpack<QMODE>(*(const uint4*)(stg + ((0 * KU + u) * 32 + lane) * 16), zz[0], a0);
             mma_unpack<QMODE>(*(const uint4*)(stg + ((1 * KU + u) * 32 + lane) * 16), zz[1], a1);
-            const char* xk = xs + (kb - k0 + t * VW) * 2 + g * xstride;
+            const char* xk = (XR ? stg + S::BYTES + (u * KB + t * VW) * 2 : xs + (kb - k0 + t * VW) * 2) + g * xrow;
             float ct[NB][4];
 #pragma unroll
             for (int b = 0; b < NB; b++) ct[b][0] = ct[b][1] = ct[b][2] = ct[b][3] = 0.f;
@@ -406,7 +428,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
             for (int b = 0; b < NB; b++) {
 #pragma unroll
               for (int h = 0; h < VW / 8; h++) {           // 8 x values (two mma k-steps) a 16-byte load
-                const uint4 xv = *(const uint4*)(xk + b * 8 * xstride + h * 16);
+                const uint4 xv = *(const uint4*)(xk + b * 8 * xrow + h * 16);
                 float (&c)[4] = QMODE != 0 ? ct[b] : acc[b];
                 mma_bf16(c, a0[4 * h], a1[4 * h], a0[4 * h + 1], a1[4 * h + 1], xv.x, xv.y);
                 mma_bf16(c, a0[4 * h + 2], a1[4 * h + 2], a0[4 * h + 3], a1[4 * h + 3], xv.z, xv.w);
