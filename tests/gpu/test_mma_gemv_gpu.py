@@ -83,6 +83,13 @@ def test_batched_step_of_a_hidden_not_a_multiple_of_256_matches_reference_vm(hid
     _step_matches_reference(cfg, 16, None, 100, seed=9)
 
 
+def test_a_batched_norm_over_several_x_windows_matches_reference_vm():
+    """Hidden 4096 at batch 16 (the 8B's q/k/v and gate/up): the GEMV's norm stages x in
+    windows and adds each window's sums of squares (gemv_batch.plan)."""
+    cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192, hidden=4096, n_heads=32, n_kv_heads=8, head_dim=128, ffn=3584)
+    _step_matches_reference(cfg, 16, None, 100, seed=11)
+
+
 @pytest.mark.parametrize("batch", [1, 5, 16])
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
 def test_quantized_llama_shape_step_matches_reference_vm(fmt, batch):

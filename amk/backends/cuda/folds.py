@@ -317,8 +317,7 @@ def norm_into_mma(f: Fused) -> Fused:
     """An RMSNorm of the M rows of x (bf16) into a scratch only the op_gemv_mma right after it
     reads, as x: one op_gemv_mma (NORM) that stages x times the norm weight and scales each
     row's sums by its 1 / rms in the epilogue (mma_stage_xn: within bf16 rounding of the
-    unfused norm, not its bits), when its plan holds all of K in one window with as many rows
-    of x a pass.
+    unfused norm, not its bits), when its plan has as many rows of x a pass.
     Args as norm_into_gemv's. Runs after fold_add (never meets the ADD epilogue)."""
     def fold(window, later):
         (n, na, no), (g, ga, go) = window

@@ -9,7 +9,8 @@ ring in shared memory.
 
 The work area holds x as bf16 (MP rows of a window of KW elements of K, each row padded against
 bank conflicts; with the norm, times its weight), the sums (NMAT x rows x MP x CH chunks, fp32),
-the norm's per-row sums of squares and 1 / rms (the epilogue scales a row's sums by it), and
+the norm's per-row sums of squares (added over the windows) and 1 / rms (the epilogue scales a
+row's sums by it), and
 each warp's ring of RD stages: the weights of one job (16 rows x one K segment, 2 KiB; quantized
 also the rows' scales and zeros) copied by cp.async, RD - 1 jobs ahead of the warp's compute,
 across its items and windows. The plan takes the fewest passes over the weights (MP = 8 NB rows
@@ -78,14 +79,15 @@ def norm_slots(kw: int) -> int:
 
 
 def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int, rd: int,
-               norm: bool = False, xr: bool = False) -> int:
-    """The work area a plan uses (the template's layout)."""
+               norm: bool = False, xr: bool = False, windows: int = 1) -> int:
+    """The work area a plan uses (the template's layout; NORM: each of the windows has its own
+    slots of sums of squares)."""
     mp = 8 * nb
     xstride = 0 if xr else kw * 2 + (64 if qmode == 0 else 16)
     x = -(-mp * xstride // 16) * 16
     ch = -(-kw // (spi * segment(qmode, xr)))
     rows16 = -(-n_tile // 16) * 16
-    per = norm_slots(kw) if norm else NWARPS
+    per = norm_slots(kw) * windows if norm else NWARPS
     sums = x + 4 * (nmat * rows16 * mp * ch + mp * per + mp)
     return -(-sums // 16) * 16 + NWARPS * rd * stage_bytes(qmode, xr, mp)
 
@@ -124,7 +126,7 @@ def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | 
 def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
          budget: int = BUDGET) -> MmaPlan | None:
     """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes of
-    shared memory (None: no plan fits; NORM needs all of K in one window). The fewest passes
+    shared memory (None: no plan fits). The fewest passes
     over the weights first; then items for every warp (a window's items are all its
     parallelism: the 1B down projection at batch 16 took one 4096-wide window of 3 items, 3 of
     16 warps loading, 93 us a tile); then at most WINDOWS_MAX windows; then rings of RD_GOOD
@@ -141,11 +143,10 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
         kws = sorted({-(-nseg // w) * seg for w in range(1, nseg + 1)}, reverse=True)
         fits = []
         for kw in kws:
-            if norm and kw < K:
-                break
             for rd in range(1, RD_MAX + 1):
                 spi = next((s for s in range(1, kw // seg + 1)
-                            if smem_bytes(qmode, nb, kw, s, n_tile, nmat, rd, norm) <= budget), None)
+                            if smem_bytes(qmode, nb, kw, s, n_tile, nmat, rd, norm, windows=-(-K // kw)) <= budget),
+                           None)
                 if spi is not None:          # a larger SPI needs less (fewer chunks' sums)
                     fits += [MmaPlan(nb, kw, s, rd) for s in range(spi, kw // seg + 1)]
         if fits:
@@ -190,7 +191,7 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
 def step_bytes(v: Variant, ip: dict) -> int:
     """The work area an op_gemv_mma step's plan uses."""
     return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"],
-                      v.arg("norm"), v.arg("xr"))
+                      v.arg("norm"), v.arg("xr"), -(-ip["K"] // ip["KW"]))
 
 
 def plan_ip(p: MmaPlan) -> dict:

@@ -106,25 +106,27 @@ __device__ __noinline__ void mma_stage_x(char* xs, int xstride, const bf16* x, i
 // one row's (nvec % 32 == 0), else one a vector (gemv_batch.norm_slots).
 __device__ __forceinline__ int mma_norm_slots(int nvec) { return nvec % 32 == 0 ? nvec / 32 : nvec; }
 
-// NORM (one window: K <= KW): x staged as bf16(x * w), the norm weight w applied, not yet the
-// row's 1 / rms, which scales the row's sums in the epilogue (W (x w r) = r (W (x w)) for a row's
-// scalar r): the norm is off the path to the weights' loop. Each vector's sum of squares (fp32,
-// its 8 elements in order) goes to the row's slots (a warp's 32 vectors summed by a butterfly
-// first when they are one row's); mma_row_rms adds them in a fixed order: bit-stable, and
-// within bf16 rounding of the unfused norm's bf16((x r) w) (not its bits). 4 vectors of x and
-// 4 of w a thread in flight (8 of x with their w: the callers spilled, ptxas's call ABI). Out
-// of line, as mma_stage_x.
+// NORM (the window of K from k0; x from the pass's first row): x staged as bf16(x * w), the norm
+// weight w applied, not yet the row's 1 / rms, which scales the row's sums in the epilogue
+// (W (x w r) = r (W (x w)) for a row's scalar r): the norm is off the path to the weights' loop,
+// and K may take several windows. Each vector's sum of squares (fp32, its 8 elements in order)
+// goes to the row's slots of this window (sq: the window's own; a warp's 32 vectors summed by a
+// butterfly first when they are one row's); mma_row_rms adds every window's slots in a fixed
+// order: bit-stable, and within bf16 rounding of the unfused norm's bf16((x r) w) (not its
+// bits). 4 vectors of x and 4 of w a thread in flight (8 of x with their w: the callers
+// spilled, ptxas's call ABI; so did one argument more, or adding to the earlier windows' slots
+// here). Out of line, as mma_stage_x.
 template <bool PERM3, bool PERM2, class NW>
-__device__ __noinline__ void mma_stage_xn(char* xs, int xstride, const bf16* x, int Kd, int m0, int mc, int mp,
+__device__ __noinline__ void mma_stage_xn(char* xs, int xstride, const bf16* x, int Kd, int k0, int mc, int mp,
                                           int kw, const NW* nw, float* sq) {
   const int nvec = kw / 8, total = mp * nvec, per = mma_norm_slots(nvec), lane = threadIdx.x & 31;
   for (int i0 = threadIdx.x; i0 < total; i0 += 4 * NT) {
     uint4 v[4], wv[4 * 8 / VecN<NW>::N];                 // x's and w's loads in flight together
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      const int i = i0 + u * NT, m = i / nvec, k = (i - m * nvec) * 8;
+      const int i = i0 + u * NT, m = i / nvec, k = k0 + (i - m * nvec) * 8;
       const bool in = i < total && m < mc && k < Kd;
-      v[u] = in ? ld16(x + (long long)(m0 + m) * Kd + k) : make_uint4(0u, 0u, 0u, 0u);
+      v[u] = in ? ld16(x + (long long)m * Kd + k) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
       for (int h = 0; h < 8 / VecN<NW>::N; h++)
         wv[u * (8 / VecN<NW>::N) + h] = in ? ld16(nw + k + h * VecN<NW>::N) : make_uint4(0u, 0u, 0u, 0u);
@@ -153,13 +155,15 @@ __device__ __noinline__ void mma_stage_xn(char* xs, int xstride, const bf16* x, 
   }
 }
 
-// NORM: rinv[m] = 1 / rms of row m < mc from its slots (a warp a row, lanes' strided sums, then
-// a butterfly: a fixed order).
-__device__ __noinline__ void mma_row_rms(const float* sq, int per, int mc, int Kd, float eps, float* rinv) {
+// NORM: rinv[m] = 1 / rms of row m < mc from its slots in the nwin windows' sq[w][m][per] (a
+// warp a row, lanes' strided sums, then a butterfly: a fixed order).
+template <int MP>
+__device__ __noinline__ void mma_row_rms(const float* sq, int per, int nwin, int mc, int Kd, float eps, float* rinv) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int m = warp; m < mc; m += NWARPS) {
     float s = 0.f;
-    for (int k = lane; k < per; k += 32) s += sq[m * per + k];
+    for (int w = 0; w < nwin; w++)
+      for (int k = lane; k < per; k += 32) s += sq[(w * MP + m) * per + k];
     s = warp_sum(s);
     if (lane == 0) rinv[m] = rsqrtf(s / (float)Kd + eps);
   }
@@ -323,7 +327,7 @@ __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 
 // window's x staging (and norm) overlaps the loads. EPI as op_gemv_direct's, for every row m
 // of x: 0 store (+ bias), 1 ADD the residual's row m, 2 (NMAT 2) silu(gate) * up, 3 store and
 // the tile's argmax partial of row m at parts[(m ARG_SLOTS + ARG_SLOT) 2]. NORM: x is the
-// RMSNorm of P[0] with weight P[n_in - 1] (one window). XR (bf16, no NORM): no x window: each
+// RMSNorm of P[0] with weight P[n_in - 1] (its windows' sums of squares added). XR (bf16, no NORM): no x window: each
 // job's stage also holds x's rows over its segment (mma_issue_x), one k-block a job (KU 1), so
 // x streams with the weights RD - 1 jobs ahead (a tile of one 16-row group reads x once either
 // way: o and down at batch 16, whose x windows cost 4 barriers and stagings a tile).
@@ -351,8 +355,8 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   char* xs = smem;
   float* part = (float*)(smem + ((MP * xstride + 15) & ~15));
   const int per = NORM ? mma_norm_slots(KW / 8) : NWARPS;  // NORM: a row's slots of sums of squares
-  float* sq = part + NMAT * rows16 * MP * CH;              // [MP][per], then rinv [MP]
-  float* rinv = sq + MP * per;
+  float* sq = part + NMAT * rows16 * MP * CH;              // [windows][MP][per], then rinv [MP]
+  float* rinv = sq + (NORM ? (Kd + KW - 1) / KW : 1) * MP * per;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   char* ring = (char*)(((unsigned long long)(rinv + MP) + 15) & ~15ULL) + warp * RD * SB;
   AMK_MARK(0);
@@ -379,7 +383,9 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       __syncthreads();                                     // the last window's (the last pass's) readers are done
       // x's loads first, then the ring's first RD - 1 jobs (behind x: issued before it, they
       // delayed the staging)
-      if (NORM) mma_stage_xn<PERM3, PERM2, NW>(xs, xstride, x, Kd, m0, mc, MP, KW, (const NW*)P[d.n_in - 1], sq);
+      if (NORM)                                            // the window's slots: sq[k0 / KW][m][per]
+        mma_stage_xn<PERM3, PERM2, NW>(xs, xstride, x + (long long)m0 * Kd, Kd, k0, mc, MP, KW, (const NW*)P[d.n_in - 1],
+                                       sq + k0 / KW * MP * per);
       else if (!XR) mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
       if (k0 == 0)
         for (int p = 1; p < RD; p++) issue();
@@ -455,7 +461,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       }
       AMK_MARK(2);
     }
-    if (NORM) mma_row_rms(sq, per, mc, Kd, d.fp[F_GEMV_EPS], rinv);   // a warp's row once its items are done
+    if (NORM) mma_row_rms<MP>(sq, per, (Kd + KW - 1) / KW, mc, Kd, d.fp[F_GEMV_EPS], rinv);   // a warp's row once its items are done
     cp_async_wait<0>();                                    // the ring's groups past the last job (empty)
     __syncthreads();
     AMK_MARK(3);
