@@ -42,6 +42,11 @@ RD_GOOD = 3                      # 2 stages ahead: 64 KiB an SM in flight, a win
 #                                  (~2 us) covered
 WINDOWS_MAX = 4                  # a window is two barriers and an x staging (~2 us): past 4 they
 #                                  cost more than a deeper ring gains
+# A norm's x over several windows (each adds its sums of squares) where one window leaves a ring
+# of one stage, bf16, at passes of at most 2 n-tiles: Llama-3-8B batch 16 7.943 -> 7.468 ms;
+# with windows wherever they ranked first, 1B batch 64 (32 rows a pass), Qwen3 and int8 at
+# batch 16 were slower (NOTES v27)
+NORM_WINDOWS_NB_MAX = 2
 # The whole dynamic shared memory: the o tile's preload (the top 64 KiB, preload.py) is issued
 # when the task before the o tile ends (or from its attention), so no op_gemv_mma task runs
 # while it is in flight or read.
@@ -149,6 +154,10 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
                            None)
                 if spi is not None:          # a larger SPI needs less (fewer chunks' sums)
                     fits += [MmaPlan(nb, kw, s, rd) for s in range(spi, kw // seg + 1)]
+        if norm:                     # windows only for bf16, a one-stage ring, <= 16 rows a pass
+            one = [p for p in fits if p.kw >= K]
+            if qmode != 0 or nb > NORM_WINDOWS_NB_MAX or any(p.rd >= 2 for p in one):
+                fits = one
         if fits:
             def rank(p: MmaPlan):
                 n = items(qmode, p.kw, p.spi, n_tile, nmat)
