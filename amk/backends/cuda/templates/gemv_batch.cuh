@@ -327,8 +327,8 @@ __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 
 // window's x staging (and norm) overlaps the loads. EPI as op_gemv_direct's, for every row m
 // of x: 0 store (+ bias), 1 ADD the residual's row m, 2 (NMAT 2) silu(gate) * up, 3 store and
 // the tile's argmax partial of row m at parts[(m ARG_SLOTS + ARG_SLOT) 2]. NORM: x is the
-// RMSNorm of P[0] with weight P[n_in - 1] (its windows' sums of squares added). XR (bf16, no NORM): no x window: each
-// job's stage also holds x's rows over its segment (mma_issue_x), one k-block a job (KU 1), so
+// RMSNorm of P[0] with weight P[n_in - 1] (its windows' sums of squares added). XR (bf16, no
+// NORM): no x window: each job's stage also holds x's rows over its segment (mma_issue_x), one k-block a job (KU 1), so
 // x streams with the weights RD - 1 jobs ahead (a tile of one 16-row group reads x once either
 // way: o and down at batch 16, whose x windows cost 4 barriers and stagings a tile).
 // P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
@@ -461,7 +461,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       }
       AMK_MARK(2);
     }
-    if (NORM) mma_row_rms<MP>(sq, per, (Kd + KW - 1) / KW, mc, Kd, d.fp[F_GEMV_EPS], rinv);   // a warp's row once its items are done
+    if (NORM) mma_row_rms<MP>(sq, per, (Kd + KW - 1) / KW, mc, Kd, d.fp[F_GEMV_EPS], rinv);   // items done
     cp_async_wait<0>();                                    // the ring's groups past the last job (empty)
     __syncthreads();
     AMK_MARK(3);
