@@ -3,7 +3,8 @@
 For every buffer we keep an interval map of its columns (one a row for a buffer that some
 region names rows of): each segment remembers its last writer and the readers since that
 write. A read depends on the last writers of its columns (RAW); a write depends on the readers
-since the last write of each column (WAR) or, where there were none, on the last writer (WAW). The readers already follow that writer, so every conflicting
+since the last write of each column (WAR) or, where there were none, on the last writer
+(WAW). The readers already follow that writer, so every conflicting
 pair is joined by a chain of these edges: no transitive closure is needed for completeness.
 
 A decode program is full of all-to-all patterns (256 tiles each reading a vector that 64 tiles

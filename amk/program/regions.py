@@ -2,8 +2,8 @@
 
 A Region is columns [lo, hi) of a buffer's last axis, in every row or in rows [r0, r1) of its
 leading axes taken as one (a batched attention task writes only its sequences' rows of y).
-Everything that reasons about
-hazards (deps, validate, the counter allocator) goes through `task_regions`, one table below.
+Everything that reasons about hazards (deps, validate, the counter allocator) goes through
+`task_regions`, one table below.
 Over-approximation is the safe direction for writes and for race checks; reads are kept exact
 where the op's contract says so (tiled elementwise, per-head attention) so the coverage proof
 does not demand writes nobody needs.

@@ -9,17 +9,18 @@ ring in shared memory.
 
 The work area holds x as bf16 (MP rows of a window of KW elements of K, each row padded against
 bank conflicts; with the norm, times its weight), the sums (NMAT x rows x MP x CH chunks, fp32),
-the norm's per-row sums of squares (each window's own slots) and 1 / rms (the epilogue scales
-a row's sums by it), and each warp's ring of RD stages: the weights of one job (16 rows x one K
+the norm's per-row sums of squares (each window's own slots) and 1 / rms (the epilogue scales a
+row's sums by it), and each warp's ring of RD stages: the weights of one job (16 rows x one K
 segment, 2 KiB; quantized also the rows' scales and zeros) copied by cp.async, RD - 1 jobs ahead
-of the warp's compute, across its items and windows. The plan takes the fewest passes over the weights (MP = 8 NB rows
-of x a pass), then enough items for every warp, then rings of 3 stages or more, then the fewest
-windows, then the deepest ring (plan).
+of the warp's compute, across its items and windows. The plan takes the fewest passes over the
+weights (MP = 8 NB rows of x a pass), then enough items for every warp, then rings of 3 stages
+or more, then the fewest windows, then the deepest ring (plan).
 
 x through the ring (XR, bf16 without the norm): a tile that reads x about once (one 16-row
 group: o and down at batch 16) has no x window; each job's stage also holds x's rows over its
 segment (one k-block a job), so x streams with the weights, without the windows' barriers and
-stagings (down at batch 16: 17 of its 24.5 us a tile were its four windows' stagings, NOTES v24).
+stagings (down at batch 16: 17 of its 24.5 us a tile were its four windows' stagings, NOTES
+v24).
 """
 from __future__ import annotations
 
@@ -131,13 +132,14 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
          budget: int = BUDGET) -> MmaPlan | None:
     """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes of
     shared memory (None: no plan fits; with the norm, one window unless that leaves a
-    one-stage ring, NORM_WINDOWS_NB_MAX). The fewest passes over the weights first; then items for every warp (a window's items are all its
-    parallelism: the 1B down projection at batch 16 took one 4096-wide window of 3 items, 3 of
-    16 warps loading, 93 us a tile); then at most WINDOWS_MAX windows; then rings of RD_GOOD
-    stages (the loads in flight); then the fewest windows (a window is two barriers and its x
-    staging); then the deepest ring; then the fewest segments a warp runs and the fewest chunks
-    (the epilogue adds them). Every plan that fits is ranked (memoised: one search a shape).
-    A tile that takes x through the ring (_takes_xr) gets its XR plan where one fits."""
+    one-stage ring, NORM_WINDOWS_NB_MAX). The fewest passes over the weights first; then items
+    for every warp (a window's items are all its parallelism: the 1B down projection at
+    batch 16 took one 4096-wide window of 3 items, 3 of 16 warps loading, 93 us a tile);
+    then at most WINDOWS_MAX windows; then rings of RD_GOOD stages (the loads in flight);
+    then the fewest windows (a window is two barriers and its x staging); then the deepest
+    ring; then the fewest segments a warp runs and the fewest chunks (the epilogue adds
+    them). Every plan that fits is ranked (memoised: one search a shape). A tile that takes
+    x through the ring (_takes_xr) gets its XR plan where one fits."""
     seg = segment(qmode)
     nseg = -(-K // seg)
     for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
