@@ -1,8 +1,8 @@
 """Which earlier tasks each task must follow, from the regions it touches (program order).
 
-For every buffer we keep an interval map of its columns (one a row for a buffer that some
-region names rows of): each segment remembers its last writer and the readers since that
-write. A read depends on the last writers of its columns (RAW); a write depends on the readers
+For every buffer we keep an interval map of its columns: each segment remembers its last writer
+and the readers since that write (a buffer that some region names rows of keeps, per column
+segment, such a map over its rows: `_Grid`). A read depends on the last writers of its columns (RAW); a write depends on the readers
 since the last write of each column (WAR) or, where there were none, on the last writer
 (WAW). The readers already follow that writer, so every conflicting
 pair is joined by a chain of these edges: no transitive closure is needed for completeness.
@@ -19,7 +19,7 @@ from bisect import bisect_right
 from typing import Collection, NamedTuple, Sequence
 
 from amk.program.ir import Buffer, BufferKind, Program, Task
-from amk.program.regions import Region, buffer_rows, task_regions
+from amk.program.regions import ALL_ROWS, Region, buffer_rows, task_regions
 
 RAW, WAR, WAW = "RAW", "WAR", "WAW"
 _EMPTY: frozenset[int] = frozenset()
@@ -91,11 +91,15 @@ class _Columns:
             got = self.memo[key] = (frozenset(w for w in ws if w >= 0), holes)
         return got
 
-    def overwritten(self, buf: int, lo: int, hi: int, out: list[Conflict]) -> None:
+    def overwritten(self, buf: int, lo: int, hi: int, out: list[Conflict],
+                    at: tuple[int, int] | None = None) -> None:
         """What a write of [lo, hi) of this buffer (id `buf`) must follow, appended to `out`:
         readers since the last write, else the writer. Whole-buffer readers come back as one
-        frozenset shared by every writer that sees them."""
+        frozenset shared by every writer that sees them. The conflicts name columns `at`
+        (a _Grid's row map: lo, hi are rows), else [lo, hi)."""
         i, j = self.span(lo, hi)
+        if at is not None:
+            lo, hi = at
         readers: set[int] = set()
         writers: set[int] = set()
         nfull = len(self.full)
@@ -132,6 +136,14 @@ class _Columns:
             if not r or r[-1] != t:
                 r.append(t)
 
+    def clone(self) -> "_Columns":
+        c = _Columns.__new__(_Columns)
+        c.width, c.starts, c.writer = self.width, list(self.starts), list(self.writer)
+        c.readers, c.full_from = [list(r) for r in self.readers], list(self.full_from)
+        c.full, c.memo, c.full_memo = list(self.full), dict(self.memo), dict(self.full_memo)
+        c.masks = self.masks
+        return c
+
     def write(self, lo: int, hi: int, t: int) -> None:
         self.memo = {}
         if lo <= 0 and hi >= self.width:
@@ -145,6 +157,86 @@ class _Columns:
         self.writer[i:j] = [t]
         self.readers[i:j] = [[]]
         self.full_from[i:j] = [len(self.full)]
+
+
+class _Grid:
+    """A buffer that some region names rows of: disjoint column segments [starts[k],
+    starts[k+1]), each with a _Columns over the buffer's rows (rows in the part of columns).
+    A write of every row of a segment resets its row map to one piece, so the rows stay apart
+    only in the columns a row-naming region touched since: batched attention writes y by rows,
+    and the GEMV tiles that later write all rows of that storage cost one piece each again."""
+    __slots__ = ("width", "rows", "starts", "cells", "memo", "masks")
+
+    def __init__(self, width: int, rows: int, masks: bool):
+        self.width, self.rows, self.masks = max(width, 1), max(rows, 1), masks
+        self.starts = [0]
+        self.cells = [_Columns(self.rows, masks)]
+        self.memo: dict[tuple[int, int, int, int], tuple] = {}   # writers(...), until a write
+
+    def _split(self, x: int) -> int:
+        if x >= self.width:
+            return len(self.starts)
+        i = bisect_right(self.starts, x) - 1
+        if self.starts[i] == x:
+            return i
+        self.starts.insert(i + 1, x)
+        self.cells.insert(i + 1, self.cells[i].clone())
+        return i + 1
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        lo, hi = max(lo, 0), min(hi, self.width)
+        if lo >= hi:
+            return 0, 0
+        i = self._split(lo)
+        return i, self._split(hi)
+
+    def _hi(self, k: int) -> int:
+        return self.starts[k + 1] if k + 1 < len(self.starts) else self.width
+
+    def writers(self, lo: int, hi: int, r0: int, r1: int
+                ) -> tuple[frozenset[int], list[tuple[int, int, int, int]]]:
+        """The last writers of rows [r0, r1) x columns [lo, hi), and the (lo, hi, r0, r1)
+        pieces nobody has written yet (r1 = ALL_ROWS for a piece of every row)."""
+        key = (lo, hi, r0, r1)
+        got = self.memo.get(key)
+        if got is None:
+            i, j = self.span(lo, hi)
+            sets, holes = [], []
+            for k in range(i, j):
+                ws, gaps = self.cells[k].writers(r0, r1)
+                if ws:
+                    sets.append(ws)
+                a, b = self.starts[k], self._hi(k)
+                holes += [(a, b, ra, ALL_ROWS if ra <= 0 and rb >= self.rows else rb)
+                          for ra, rb in gaps]
+            ws = sets[0] if len(sets) == 1 else _EMPTY.union(*sets)
+            got = self.memo[key] = (ws, holes)
+        return got
+
+    def overwritten(self, buf: int, lo: int, hi: int, r0: int, r1: int,
+                    out: list[Conflict]) -> None:
+        i, j = self.span(lo, hi)
+        for k in range(i, j):
+            self.cells[k].overwritten(buf, r0, r1, out, (lo, hi))
+
+    def read(self, lo: int, hi: int, r0: int, r1: int, t: int) -> None:
+        i, j = self.span(lo, hi)
+        for k in range(i, j):
+            self.cells[k].read(r0, r1, t)
+
+    def write(self, lo: int, hi: int, r0: int, r1: int, t: int) -> None:
+        self.memo = {}
+        i, j = self.span(lo, hi)
+        if i >= j:
+            return
+        if r0 <= 0 and r1 >= self.rows:          # every row: one piece again
+            cell = _Columns(self.rows, self.masks)
+            cell.write(0, self.rows, t)
+            del self.starts[i + 1:j]
+            self.cells[i:j] = [cell]
+            return
+        for k in range(i, j):
+            self.cells[k].write(r0, r1, t)
 
 
 def bitset(ids: Sequence[int]) -> int:
@@ -176,20 +268,11 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     # (Activations are, even if unwritten: their unwritten reads are reported.)
     written = {r.buffer for _, writes in regions for r in writes}
     written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
-    # A buffer some region names rows of gets a column map a row (each region touches the maps
-    # of its rows); every other buffer one map for all its rows.
+    # A buffer some region names rows of gets a _Grid; every other buffer one column map.
     by_row = {r.buffer for part in regions for rs in part for r in rs
               if not r.every_row and r.buffer in written}
-    maps = {b: [_Columns(buffers[b].cols, masks) for _ in range(buffer_rows(buffers[b]))]
-            if b in by_row else [_Columns(buffers[b].cols, masks)] for b in written}
-
-    def lanes(r: Region):
-        """(the row r0 of each column map region r touches, the map)."""
-        m = maps[r.buffer]
-        if r.buffer not in by_row:
-            return ((r.r0, m[0]),)
-        r0, r1 = max(r.r0, 0), min(r.r1, len(m))
-        return tuple((k, m[k]) for k in range(r0, r1))
+    cols = {b: _Columns(buffers[b].cols, masks) for b in written if b not in by_row}
+    grids = {b: _Grid(buffers[b].cols, buffer_rows(buffers[b]), masks) for b in by_row}
 
     out: list[list[Conflict]] = []
     for task, (reads, writes) in zip(tasks, regions):
@@ -197,25 +280,35 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
         found: list[Conflict] = []
         reads = [r for r in reads if r.buffer in written]
         for r in reads:
-            for row, m in lanes(r):
-                ws, holes = m.writers(r.lo, r.hi)
-                if ws:
-                    found.append(Conflict(RAW, r.buffer, r.lo, r.hi, ws))
-                if holes and unwritten is not None:
-                    one = r.buffer in by_row
-                    unwritten += [(t, Region(r.buffer, a, b, row, row + 1) if one else
-                                   Region(r.buffer, a, b, r.r0, r.r1)) for a, b in holes]
+            g = grids.get(r.buffer)
+            if g is None:
+                ws, holes = cols[r.buffer].writers(r.lo, r.hi)
+            else:
+                ws, holes = g.writers(r.lo, r.hi, r.r0, r.r1)
+            if ws:
+                found.append(Conflict(RAW, r.buffer, r.lo, r.hi, ws))
+            if holes and unwritten is not None:
+                unwritten += [(t, Region(r.buffer, *h)) for h in holes]
         for r in writes:
-            for _, m in lanes(r):
-                m.overwritten(r.buffer, r.lo, r.hi, found)
+            g = grids.get(r.buffer)
+            if g is None:
+                cols[r.buffer].overwritten(r.buffer, r.lo, r.hi, found)
+            else:
+                g.overwritten(r.buffer, r.lo, r.hi, r.r0, r.r1, found)
         out.append(found)
         # A task's own reads go in before its writes, so a write supersedes them.
         for r in reads:
-            for _, m in lanes(r):
-                m.read(r.lo, r.hi, t)
+            g = grids.get(r.buffer)
+            if g is None:
+                cols[r.buffer].read(r.lo, r.hi, t)
+            else:
+                g.read(r.lo, r.hi, r.r0, r.r1, t)
         for r in writes:
-            for _, m in lanes(r):
-                m.write(r.lo, r.hi, t)
+            g = grids.get(r.buffer)
+            if g is None:
+                cols[r.buffer].write(r.lo, r.hi, t)
+            else:
+                g.write(r.lo, r.hi, r.r0, r.r1, t)
     return out
 
 
