@@ -37,7 +37,37 @@ class Conflict(NamedTuple):
     mask: int | None = None
 
 
-class _Columns:
+class _Segments:
+    """Sorted column segments [starts[k], starts[k+1]) of a buffer `width` wide; a
+    subclass copies a segment's state when one is cut in two."""
+    width: int
+    starts: list[int]
+
+    def _copy_segment(self, i: int) -> None:
+        raise NotImplementedError
+
+    def _split(self, x: int) -> int:
+        if x >= self.width:
+            return len(self.starts)
+        i = bisect_right(self.starts, x) - 1
+        if self.starts[i] == x:
+            return i
+        self.starts.insert(i + 1, x)
+        self._copy_segment(i)
+        return i + 1
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        lo, hi = max(lo, 0), min(hi, self.width)
+        if lo >= hi:
+            return 0, 0
+        i = self._split(lo)
+        return i, self._split(hi)
+
+    def _hi(self, k: int) -> int:
+        return self.starts[k + 1] if k + 1 < len(self.starts) else self.width
+
+
+class _Columns(_Segments):
     """One buffer's columns: disjoint segments [starts[k], starts[k+1]) with their last writer
     and the partial readers since; whole-buffer readers are kept once, in `full` (with running
     masks), and segment k has seen full[full_from[k]:] since its last write."""
@@ -57,27 +87,10 @@ class _Columns:
         self.full_memo: dict[tuple[int, int], tuple] = {}
         self.masks = masks
 
-    def _split(self, x: int) -> int:
-        if x >= self.width:
-            return len(self.starts)
-        i = bisect_right(self.starts, x) - 1
-        if self.starts[i] == x:
-            return i
-        self.starts.insert(i + 1, x)
+    def _copy_segment(self, i: int) -> None:
         self.writer.insert(i + 1, self.writer[i])
         self.readers.insert(i + 1, list(self.readers[i]))
         self.full_from.insert(i + 1, self.full_from[i])
-        return i + 1
-
-    def span(self, lo: int, hi: int) -> tuple[int, int]:
-        lo, hi = max(lo, 0), min(hi, self.width)
-        if lo >= hi:
-            return 0, 0
-        i = self._split(lo)
-        return i, self._split(hi)
-
-    def _hi(self, k: int) -> int:
-        return self.starts[k + 1] if k + 1 < len(self.starts) else self.width
 
     def writers(self, lo: int, hi: int) -> tuple[frozenset[int], list[tuple[int, int]]]:
         """The last writers of [lo, hi) (one shared object until the next write), and the
@@ -159,7 +172,7 @@ class _Columns:
         self.full_from[i:j] = [len(self.full)]
 
 
-class _Grid:
+class _Grid(_Segments):
     """A buffer that some region names rows of: disjoint column segments [starts[k],
     starts[k+1]), each with a _Columns over the buffer's rows (rows in the part of columns).
     A write of every row of a segment resets its row map to one piece, so the rows stay apart
@@ -173,25 +186,8 @@ class _Grid:
         self.cells = [_Columns(self.rows, masks)]
         self.memo: dict[tuple[int, int, int, int], tuple] = {}   # writers(...), until a write
 
-    def _split(self, x: int) -> int:
-        if x >= self.width:
-            return len(self.starts)
-        i = bisect_right(self.starts, x) - 1
-        if self.starts[i] == x:
-            return i
-        self.starts.insert(i + 1, x)
+    def _copy_segment(self, i: int) -> None:
         self.cells.insert(i + 1, self.cells[i].clone())
-        return i + 1
-
-    def span(self, lo: int, hi: int) -> tuple[int, int]:
-        lo, hi = max(lo, 0), min(hi, self.width)
-        if lo >= hi:
-            return 0, 0
-        i = self._split(lo)
-        return i, self._split(hi)
-
-    def _hi(self, k: int) -> int:
-        return self.starts[k + 1] if k + 1 < len(self.starts) else self.width
 
     def writers(self, lo: int, hi: int, r0: int, r1: int
                 ) -> tuple[frozenset[int], list[tuple[int, int, int, int]]]:
