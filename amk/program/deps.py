@@ -1,11 +1,12 @@
 """Which earlier tasks each task must follow, from the regions it touches (program order).
 
-For every buffer we keep an interval map of its columns: each segment remembers its last writer
-and the readers since that write (a buffer that some region names rows of keeps, per column
-segment, such a map over its rows: `_Grid`). A read depends on the last writers of its columns (RAW); a write depends on the readers
-since the last write of each column (WAR) or, where there were none, on the last writer
-(WAW). The readers already follow that writer, so every conflicting
-pair is joined by a chain of these edges: no transitive closure is needed for completeness.
+For every buffer we keep an interval map of its columns: each segment remembers its last
+writer and the readers since that write (a buffer that some region names rows of keeps, per
+column segment, such a map over its rows: `_Grid`). A read depends on the last writers of its
+columns (RAW); a write depends on the readers since the last write of each column (WAR) or,
+where there were none, on the last writer (WAW). The readers already follow that writer, so
+every conflicting pair is joined by a chain of these edges: no transitive closure is needed
+for completeness.
 
 A decode program is full of all-to-all patterns (256 tiles each reading a vector that 64 tiles
 wrote), so the edges come in shared groups rather than one by one: the writers of a column range
@@ -40,6 +41,7 @@ class Conflict(NamedTuple):
 class _Segments:
     """Sorted column segments [starts[k], starts[k+1]) of a buffer `width` wide; a
     subclass copies a segment's state when one is cut in two."""
+    __slots__ = ()
     width: int
     starts: list[int]
 
@@ -270,41 +272,31 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     cols = {b: _Columns(buffers[b].cols, masks) for b in written if b not in by_row}
     grids = {b: _Grid(buffers[b].cols, buffer_rows(buffers[b]), masks) for b in by_row}
 
+    def lane(r: Region):
+        """(r, the map of r's buffer, the span r names on it: columns, and rows on a _Grid)."""
+        g = grids.get(r.buffer)
+        return (r, cols[r.buffer], (r.lo, r.hi)) if g is None else (r, g, (r.lo, r.hi, r.r0, r.r1))
+
     out: list[list[Conflict]] = []
     for task, (reads, writes) in zip(tasks, regions):
         t = task.id
         found: list[Conflict] = []
-        reads = [r for r in reads if r.buffer in written]
-        for r in reads:
-            g = grids.get(r.buffer)
-            if g is None:
-                ws, holes = cols[r.buffer].writers(r.lo, r.hi)
-            else:
-                ws, holes = g.writers(r.lo, r.hi, r.r0, r.r1)
+        reads = [lane(r) for r in reads if r.buffer in written]
+        writes = [lane(r) for r in writes]
+        for r, m, at in reads:
+            ws, holes = m.writers(*at)
             if ws:
                 found.append(Conflict(RAW, r.buffer, r.lo, r.hi, ws))
-            if holes and unwritten is not None:
+            if holes and unwritten is not None:     # a _Columns' holes (lo, hi) are every row
                 unwritten += [(t, Region(r.buffer, *h)) for h in holes]
-        for r in writes:
-            g = grids.get(r.buffer)
-            if g is None:
-                cols[r.buffer].overwritten(r.buffer, r.lo, r.hi, found)
-            else:
-                g.overwritten(r.buffer, r.lo, r.hi, r.r0, r.r1, found)
+        for r, m, at in writes:
+            m.overwritten(r.buffer, *at, found)
         out.append(found)
         # A task's own reads go in before its writes, so a write supersedes them.
-        for r in reads:
-            g = grids.get(r.buffer)
-            if g is None:
-                cols[r.buffer].read(r.lo, r.hi, t)
-            else:
-                g.read(r.lo, r.hi, r.r0, r.r1, t)
-        for r in writes:
-            g = grids.get(r.buffer)
-            if g is None:
-                cols[r.buffer].write(r.lo, r.hi, t)
-            else:
-                g.write(r.lo, r.hi, r.r0, r.r1, t)
+        for _, m, at in reads:
+            m.read(*at, t)
+        for _, m, at in writes:
+            m.write(*at, t)
     return out
 
 
