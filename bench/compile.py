@@ -7,10 +7,13 @@ must not change the kernel keeps them). Prints a table; writes JSON.
     python bench/compile.py                                  # every preset but tiny-llama
     python bench/compile.py --models llama-3-8b --profile /tmp/prof   # + cProfile per compile
     python bench/compile.py --no-nvrtc                       # the Python part only
+    python bench/compile.py --models llama-3.2-1b --quant int4   # quantized weights
 
 The phases are those of bench/decode.py's compile_times() (step.lower + compile_cuda) and of
 CudaProgram's setup: trace, passes (or the pass cache), lower (fold + pack, or its cache),
-render, nvrtc (or the cubin cache).
+render, nvrtc (or the cubin cache). As on a GPU, NVRTC starts before the passes' final proof
+(Jitted._compile_ahead): on a cold compile "passes" holds the CUDA lowering and the proof, and
+"nvrtc" is what is left to wait for of the compile running beside them.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 from gpu_tool import cache_dir, parser  # noqa: E402
+from amk.quant import FORMATS  # noqa: E402
 
 PHASES = ("trace", "passes", "lower", "render", "nvrtc")
 
@@ -61,12 +65,19 @@ def tables_digest(low) -> str:
 def compile_once(model, args, nvrtc: bool) -> tuple[Clock, dict]:
     """One compile as a GPU run does it: step.lower, then the CUDA backend's lowering, source
     and cubin (CudaProgram's setup, the SM count of the pass target)."""
+    import torch
     import amk
     from amk.backends.cuda.codegen import render_lowered
     from amk.backends.cuda.compile import compile_source
     from amk.backends.cuda.lowered_cache import lower_program_cached
     clock = Clock()
     step = amk.jit(model.fn, backend="cuda", donate=("kv",))
+    # a GPU run starts NVRTC before the program's final proof (Jitted._compile_ahead); meta
+    # tensors would not, so this run asks for it as a GPU's would
+    gpu = torch.device("cuda")
+    if hasattr(type(step), "_compile_ahead"):       # (an older amk under A/B has none)
+        step._compile_ahead = lambda backend, _device, opts: type(step)._compile_ahead(
+            step, backend, gpu, opts)
     w, c = time.perf_counter(), time.process_time()
     low = step.lower(*args)
     clock.wall["trace"], clock.wall["passes"] = low.timings["trace_s"], low.timings["passes_s"]
@@ -87,14 +98,17 @@ def compile_once(model, args, nvrtc: bool) -> tuple[Clock, dict]:
 
 
 def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None,
-            batch: int = 1) -> dict:
+            batch: int = 1, quant: str | None = None) -> dict:
     from amk.models.model import Model
     from amk.models.presets import PRESETS, random_params
     cfg = PRESETS[name]
     cfg = cfg if layers is None else replace(cfg, n_layers=layers)
     model = Model(cfg, random_params(cfg, device="meta"))
+    if quant:
+        model.quantize(quant)
     args = model.example_args(batch)
-    out = {"model": name if batch == 1 else f"{name} b{batch}", "layers": cfg.n_layers, "batch": batch}
+    label = name + (f" b{batch}" if batch != 1 else "") + (f" {quant}" if quant else "")
+    out = {"model": label, "layers": cfg.n_layers, "batch": batch, "quant": quant}
     with tempfile.TemporaryDirectory() as d, cache_dir(d):
         for label in ("cold", "warm"):
             prof = cProfile.Profile() if profile_dir else None
@@ -112,14 +126,14 @@ def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None,
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'model':<14} {'run':<5} {'wall s':>7} {'cpu s':>7}  " + " ".join(
+    head = f"{'model':<20} {'run':<5} {'wall s':>7} {'cpu s':>7}  " + " ".join(
         f"{p:>7}" for p in PHASES) + "  kernel.cu / tables / program sha256"
     lines = [head, "-" * len(head)]
     for r in rows:
         for label in ("cold", "warm"):
             x = r[label]
             phases = " ".join(f"{x['wall'].get(p, float('nan')):7.2f}" for p in PHASES)
-            lines.append(f"{r['model']:<14} {label:<5} {x['wall']['total']:7.2f} "
+            lines.append(f"{r['model']:<20} {label:<5} {x['wall']['total']:7.2f} "
                          f"{x['cpu']['total']:7.2f}  {phases}  {x['kernel_sha']} / {x['tables_sha']} / {x['program_sha']}")
     lines.append("(phases: wall seconds; trace and passes from Lowered.timings)")
     return "\n".join(lines)
@@ -130,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["llama-3.2-1b", "qwen3-0.6b", "llama-3-8b"])
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--batch", type=int, default=1, help="sequences a step (default %(default)s)")
+    ap.add_argument("--quant", choices=sorted(FORMATS), default=None,
+                    help="weight-only quantized linears and LM head (Model.quantize)")
     ap.add_argument("--no-nvrtc", action="store_true", help="skip NVRTC (the Python part only)")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="write a cProfile file per compile: DIR/MODEL-{cold,warm}.prof")
@@ -141,7 +157,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown preset(s) {bad}; choose from {sorted(PRESETS)}")
     if a.layers is not None and a.layers < 1:
         ap.error(f"--layers must be at least 1, got {a.layers}")
-    rows = [measure(m, a.layers, not a.no_nvrtc, a.profile, a.batch) for m in a.models]
+    rows = [measure(m, a.layers, not a.no_nvrtc, a.profile, a.batch, a.quant) for m in a.models]
     print(table(rows))
     Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

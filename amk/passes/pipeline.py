@@ -52,17 +52,21 @@ def check(program: Program, after: str) -> None:
 
 
 def run_pipeline(graph: Graph, opts: PassOptions | None = None,
-                 stop_after: str | None = None, debug: int = 0) -> dict[str, Program]:
+                 stop_after: str | None = None, debug: int = 0,
+                 ahead: Callable[[Program], None] | None = None) -> dict[str, Program]:
     """Run the passes; returns {pass name: program after it}, in pipeline order. debug: the
-    AMK_DEBUG level (1 verify and time every pass, 2 print the schedule summary)."""
+    AMK_DEBUG level (1 verify and time every pass, 2 print the schedule summary). ahead: called
+    with the final program before its final proof (a backend starts its compile there, to run
+    beside the proof); the program is refused all the same if the proof fails."""
     opts = opts or PassOptions()
     try:
-        return _run(graph, opts, stop_after, debug)
+        return _run(graph, opts, stop_after, debug, ahead)
     finally:
         forget()                         # the passes' memos serve only this run
 
 
-def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int) -> dict[str, Program]:
+def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int,
+         ahead: Callable[[Program], None] | None = None) -> dict[str, Program]:
     stages: dict[str, Program] = {}
     ir = graph
     for name, fn in PIPELINE:
@@ -77,6 +81,8 @@ def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int) ->
                   file=sys.stderr)
         if name == stop_after:
             break
+    if ahead is not None and stop_after is None:
+        ahead(ir)
     if debug < 1:
         check(ir, name)
     if debug >= 2:                       # the schedule summary
@@ -87,10 +93,11 @@ def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int) ->
 
 @without_gc      # between the passes too: collections over the heap they build cost seconds
 def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None,
-                        cache_dir: Path | None = None, debug: int = 0
+                        cache_dir: Path | None = None, debug: int = 0,
+                        ahead: Callable[[Program], None] | None = None
                         ) -> tuple[Program, dict[str, Program] | None]:
     """(final program, every stage) — or (final program, None) when the disk cache in
-    `cache_dir` had it (None: no disk cache)."""
+    `cache_dir` had it (None: no disk cache). ahead: as run_pipeline's, on a cache miss."""
     from amk.passes import cache
     opts = opts or PassOptions()
     key = cache.cache_key(graph, opts, PIPELINE)
@@ -98,9 +105,14 @@ def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None,
     if program is not None:
         remember_digest(program, "passes:" + key)
         return program, None
-    stages = run_pipeline(graph, opts, debug=debug)
-    program = stages[PIPELINE[-1][0]]
+    def digested(program: Program) -> Program:
+        if cache_dir is not None:        # the digest the disk caches key this program by
+            remember_digest(program, "passes:" + key)
+        return program
+
+    stages = run_pipeline(graph, opts, debug=debug,
+                          ahead=None if ahead is None else lambda p: ahead(digested(p)))
+    program = digested(stages[PIPELINE[-1][0]])
     if cache_dir is not None:
         cache.store(cache_dir, key, program)
-        remember_digest(program, "passes:" + key)
     return program, stages

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from amk.diskcache import write_atomic
@@ -88,26 +90,79 @@ def cache_key(source: str, arch: str, options: tuple[str, ...], cuda_options: Cu
     return h.hexdigest()[:32]
 
 
-def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] | None = None,
-                   use_cache: bool = True, cuda_options: CudaOptions = CudaOptions()) -> CompileResult:
-    """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache in
-    cuda_options.cache_dir (none when it is None). ``options`` (NVRTC's) default:
-    DEFAULT_OPTIONS, plus -lineinfo under cuda_options.lineinfo."""
+# Compiles started ahead (start_compile), by cache key: compile_source of the same key waits
+# for one instead of compiling again. NVRTC releases the GIL, so the Python work between the
+# start and the wait (the program's final proof, the pass cache's store) runs beside it.
+_IN_FLIGHT: dict[str, Future] = {}
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+def _nvrtc_options(options: tuple[str, ...] | None, cuda_options: CudaOptions) -> tuple[str, ...]:
     if options is None:
         options = DEFAULT_OPTIONS + (("-lineinfo",) if cuda_options.lineinfo else ())
-    if not re.fullmatch(r"sm_\d+[af]?", arch):
-        raise CompileError(f"arch {arch!r} is not a real GPU architecture like 'sm_90a' "
-                           "(AMK loads CUBINs, never PTX)")
-    key = cache_key(source, arch, tuple(options), cuda_options)
-    use_cache = use_cache and cuda_options.cache_dir is not None
-    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if use_cache else ""
-    if use_cache and os.path.exists(path):
+    return tuple(options)
+
+
+def _cached(path: str, key: str) -> CompileResult | None:
+    """The disk cache's CUBIN at path ("": no cache), or None."""
+    if path and os.path.exists(path):
         with open(path, "rb") as f:
             data = f.read()
         if data:
             logp = path[:-6] + ".log"
             log = open(logp).read() if os.path.exists(logp) else ""
             return CompileResult(data, log, 0.0, True, key, path)
+    return None
+
+
+def start_compile(source: str, arch: str = "sm_90a",
+                  cuda_options: CudaOptions = CudaOptions()) -> None:
+    """compile_source(source, arch, cuda_options=cuda_options) on a background thread, unless
+    the disk cache has it or it already runs; its result (or error) goes to the
+    compile_source call of the same source, arch and options."""
+    options = _nvrtc_options(None, cuda_options)
+    key = cache_key(source, arch, options, cuda_options)
+    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if cuda_options.cache_dir else ""
+    with _IN_FLIGHT_LOCK:
+        if key in _IN_FLIGHT or (path and os.path.exists(path)):
+            return
+        fut = _IN_FLIGHT[key] = Future()
+
+    def run():
+        try:
+            fut.set_result(_compile(source, arch, options, key, path))
+        except BaseException as e:      # handed to the waiting compile_source, raised there
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name="amk-nvrtc", daemon=True).start()
+
+
+def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] | None = None,
+                   use_cache: bool = True, cuda_options: CudaOptions = CudaOptions()) -> CompileResult:
+    """Compile ``source`` to a CUBIN for ``arch`` (e.g. sm_90a), through the disk cache in
+    cuda_options.cache_dir (none when it is None), or wait for the same compile started ahead
+    (start_compile). ``options`` (NVRTC's) default: DEFAULT_OPTIONS, plus -lineinfo under
+    cuda_options.lineinfo."""
+    options = _nvrtc_options(options, cuda_options)
+    if not re.fullmatch(r"sm_\d+[af]?", arch):
+        raise CompileError(f"arch {arch!r} is not a real GPU architecture like 'sm_90a' "
+                           "(AMK loads CUBINs, never PTX)")
+    key = cache_key(source, arch, options, cuda_options)
+    stored = use_cache and cuda_options.cache_dir is not None
+    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if stored else ""
+    hit = _cached(path, key)
+    if hit is not None:
+        return hit
+    if use_cache:                       # a compile started ahead is as good as a cached one
+        with _IN_FLIGHT_LOCK:
+            fut = _IN_FLIGHT.pop(key, None)
+        if fut is not None:
+            return fut.result()
+    return _compile(source, arch, options, key, path)
+
+
+def _compile(source: str, arch: str, options: tuple[str, ...], key: str, path: str) -> CompileResult:
+    """NVRTC: the CUBIN of source (and its log, into the disk cache when path is set)."""
     nvrtc = _nvrtc()
     t0 = time.perf_counter()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), SOURCE_NAME.encode(), 0, [], [])
@@ -132,10 +187,34 @@ def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] |
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     seconds = time.perf_counter() - t0
-    if use_cache:
+    if path:
         write_atomic(path[:-6] + ".log", log.encode())
         write_atomic(path, bytes(buf))
     return CompileResult(bytes(buf), log, seconds, False, key, path)
+
+
+def arch_of(device) -> str:
+    """The real architecture to compile for: the CUDA device's (with Hopper's 'a' features),
+    sm_90a without one (a lowering on a machine without a GPU)."""
+    import torch
+    if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
+        return "sm_90a"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+def start_program(program: Program, n_ctas: int, arch: str,
+                  options: CudaOptions = CudaOptions()) -> None:
+    """start_compile of ``program``'s kernel on ``n_ctas`` queues (as CudaProgram will render
+    it), for amk.jit to call before the program's final proof. Best effort: a program this
+    fails on fails again, with its proper error, where it is compiled for real."""
+    from amk.backends.cuda.codegen import render_lowered
+    from amk.backends.cuda.lowered_cache import lower_program_cached
+    try:
+        source = render_lowered(lower_program_cached(program, n_ctas, options), options)
+    except Exception:
+        return
+    start_compile(source, arch, options)
 
 
 def compile_cuda(program: Program, arch: str = "sm_90a",

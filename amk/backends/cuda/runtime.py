@@ -21,7 +21,7 @@ from amk.program.validate import validate as validate_program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import render_lowered
 from amk.backends.cuda.smem import cta_threads, smem_bytes
-from amk.backends.cuda.compile import compile_source
+from amk.backends.cuda.compile import arch_of, compile_source
 from amk.backends.cuda.driver import Kernel
 from amk.backends.cuda.fault_mirror import FaultMirror
 from amk.backends.cuda.lowered_cache import lower_program_cached
@@ -30,11 +30,6 @@ from amk.backends.cuda.steps import REF_BUFFER
 
 _BOUND = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.KV_CACHE)
 _OWNED = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.IO_INPUT)
-
-
-def _arch(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
 def _dev_tensor(a: np.ndarray, device) -> torch.Tensor:
@@ -70,7 +65,7 @@ class CudaProgram:
         self.lowered = low = lower_program_cached(program, sm_count, options)
         self.source = render_lowered(low, options)
         self.timings["render_s"] = time.perf_counter() - t0
-        res = compile_source(self.source, arch or _arch(self.device), cuda_options=options)
+        res = compile_source(self.source, arch or arch_of(self.device), cuda_options=options)
         self.compile_result = res
         self.timings["compile_s"] = res.seconds
         self.timings["cache_hit"] = float(res.cache_hit)
