@@ -1,5 +1,11 @@
-"""What the GPU bench tools share: a parser that shows the tool's docstring, and the check that
-a CUDA GPU is there (else the tool says so and exits 2)."""
+"""What the GPU bench tools share: a parser that shows the tool's docstring, the check that a
+CUDA GPU is there (else the tool says so and exits 2), and no driver compute cache.
+
+NVRTC 13 keeps what it compiles in the driver's compute cache (~/.nv/ComputeCache) across
+processes: a kernel compiled once before on the machine then takes ~0.05 s, not seconds, and a
+"cold" compile or an A/B of two trees with the same kernel would time the cache. Importing this
+module turns that cache off (CUDA_CACHE_DISABLE=1, read when CUDA starts), unless the caller's
+environment says otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +13,8 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+
+os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
