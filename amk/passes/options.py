@@ -71,6 +71,10 @@ class PassOptions:
     attn_splits: int | None = None    # split-KV shards P per head group; None = from target
     kv_shard_min: int = 128           # derived P never makes shards shorter than this
     combine_per_group: bool = True    # split_kv: one ATTENTION_COMBINE per kv group (else one)
+    # split_kv at batch 1 with one combine over every head (its readers fold it in): at most
+    # this many bytes of partials, all of P's, so that a reader stages them in one round trip
+    # (the cuda backend's staging area); None: no bound
+    fold_partial_bytes: int | None = None
     defer_kv_append: bool = False     # the attention reads the new K/V row; the append runs after
     fuse: bool = True
     fuse_rules: tuple[tuple[str, str], ...] | None = None   # None = DEFAULT_FUSE_RULES
@@ -92,8 +96,9 @@ class PassOptions:
         otherwise."""
         if backend == "cuda":      # the combine is recomputed by each o-projection tile: no hop;
             # the attention waits for the k/v projections, not for the cache appends
+            from amk.backends.cuda.smem import FOLD_STAGE_BYTES
             return PassOptions(target=gpu_target(device), combine_per_group=False,
-                               defer_kv_append=True,
+                               fold_partial_bytes=FOLD_STAGE_BYTES, defer_kv_append=True,
                                fuse_rules=DEFAULT_FUSE_RULES + COMBINE_INTO_GEMV)
         if backend == "triton":
             return PassOptions(target=LAUNCH, fuse=False)

@@ -11,7 +11,9 @@ ATTENTION_COMBINE per group merges its P partials into the group's heads of the 
 batch 1, one over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
 
 P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
-no shard shorter than opts.kv_shard_min rows. P = 1 keeps one exact (non-partial) task per group,
+no shard shorter than opts.kv_shard_min rows, and at batch 1 with the one combine its readers
+fold in, no more partials than opts.fold_partial_bytes hold (each reader stages them all) while
+that leaves the shards half the SMs or more. P = 1 keeps one exact (non-partial) task per group,
 or the one task as it is on a `whole_ops` target (one launch already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
 
@@ -102,6 +104,13 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         start = int(p.get("kv_start", 0))
         length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
         P = shard_count(length, groups * len(seqs), opts)
+        if (B == 1 and not opts.combine_per_group and opts.fold_partial_bytes
+                and opts.attn_splits is None):
+            # every reader of the one combine stages all P partials (f32 [acc | m | l] a head),
+            # but the shards keep at least half the SMs: fewer make each shard's rows cost more
+            # than the staging saves (the 8B at context 4096 with P 4: +230 us, NOTES v30)
+            fit = opts.fold_partial_bytes // (nh * (hd + 2) * 4)
+            P = min(P, max(1, fit, opts.target.num_sms // (2 * groups)))
         pos = t.inputs[3] if len(t.inputs) > 3 else None
         # the live count needs the runtime pos (and more than one shard); a static window's P
         # is already its count

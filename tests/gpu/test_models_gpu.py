@@ -96,8 +96,9 @@ SHAPES = {"qwen3-0.6b": replace(QWEN3_0_6B, n_layers=2),              # head dim
           "llama-3-8b": replace(LLAMA_3_8B, n_layers=1)}
 
 
-# 8192 rows, P = 16, R = 128: live shards 1 (0, 127, 254), 2 (255: the first step with two),
-# 8 (1023), 11 (1500), 15 (2046), 16 (2047: the first with all; 4095, 8191)
+# 8192 rows, R = 128, P = 8 (the o tile's staging area holds 8 partials of these shapes; split_kv):
+# live shards 1 (0, 127, 254), 2 (255: the first step with two), 8 (1023: the first with all),
+# then 8 ever longer shards (1500, 2046, 2047, 4095, 8191: up to 1024 rows a shard)
 @pytest.mark.parametrize("pos", [0, 127, 254, 255, 1023, 1500, 2046, 2047, 4095, 8191])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_preset_shapes_at_a_users_cache_match_reference_vm(shape, pos):

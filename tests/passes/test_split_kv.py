@@ -104,3 +104,26 @@ def test_live_shards_at_an_8k_cache_match_the_unsplit_step(backend):
         b = bindings(p, pos=pos)
         got = [t.clone() for t in vm.run({k: v.clone() for k, v in b.items()})]
         close(got, run(p, b))
+
+
+@pytest.mark.parametrize("preset, shards", [("LLAMA_3_2_1B", 8), ("QWEN3_0_6B", 8),
+                                            ("LLAMA_3_8B", 8)])
+def test_batch_1s_shards_fit_the_folds_staging_but_keep_half_the_sms(preset, shards):
+    """The cuda options fold batch 1's one combine into every o tile, which stages all P
+    partials: P stops at what fold_partial_bytes holds (1B, Qwen3: 8 of ~8.4 KB in ~68 KB), but
+    never below half the SMs' worth of shards (the 8B's 16.6 KB partials would fit only 4;
+    it keeps 132 // (2 x 8) = 8). A forced attn_splits and a batch keep their P."""
+    from amk.models import presets
+    cfg = replace(getattr(presets, preset), n_layers=1, vocab=256, max_seq=8192,
+                  qk_norm=False)            # (pass_helpers' params have no q/k norms)
+    opts = PassOptions.for_backend("cuda")
+    assert opts.fold_partial_bytes and opts.target.num_sms == 132
+
+    def kv_shards(o, batch=1):
+        split = run_passes(llama_program(cfg, batch), o, upto="split_kv")["split_kv"]
+        return {t.params.get("kv_shards", 1) for t in split.tasks if t.op is K.ATTENTION_TILE}
+
+    assert kv_shards(opts) == {shards}
+    assert kv_shards(opts.with_(fold_partial_bytes=None)) == {16}       # num_sms // kv groups
+    assert kv_shards(opts.with_(attn_splits=12)) == {12}
+    assert kv_shards(opts, batch=4) == kv_shards(opts.with_(fold_partial_bytes=None), batch=4)

@@ -40,6 +40,10 @@ STAGE_BYTES = 128 << 10
 # 196 KiB of the 227 KiB a CTA may have that every measured version ran with
 SMEM_BYTES = STAGE_OFF + STAGE_BYTES + 4096
 PRE_OFF = SMEM_BYTES - 65536     # preload.py's o-tile rows: the top 64 KiB
+# What an o tile's folded combine may stage below that preload (op_combine's staged path: one
+# bulk copy a partial, one round trip): split_kv keeps batch 1's partials within it
+# (PassOptions.fold_partial_bytes); more took combine_direct, 13 us a task (NOTES v22)
+FOLD_STAGE_BYTES = PRE_OFF - STAGE_OFF
 
 # v2. The 227 KiB an H100/H200 CTA may have, less 12 KiB for the static variables (10 KiB in
 # v1, padded to 1024; tests/backends/cuda/test_cuda_compile.py checks the sum).
