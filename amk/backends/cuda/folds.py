@@ -251,8 +251,7 @@ def pair_gemvs(f: Fused) -> Fused:
             p = gemv_batch.replan(ga, ip, nmat=2)
             if p is None or p.nb < ga.arg("nb"):      # not at the cost of a pass over the weights
                 return None
-            ga = gemv_batch.with_plan(ga, p)
-            ip.update(gemv_batch.plan_ip(p))
+            ga, ip = gemv_batch.planned(ga, ip, p)
         elif ga.fn == "op_gemv_qdirect":   # an item's rows: half of them from each matrix
             ga = gemv_quant.replan(ga, ip, nmat=2)
         e = Encoded(a.op, ga.with_(nmat=2, epi=2, to=ftype(None, co[0].dtype)), ip, dict(a.fp), a.group)
@@ -331,8 +330,9 @@ def norm_into_mma(f: Fused) -> Fused:
         p = gemv_batch.replan(g.variant, g.ip, norm=True)
         if p is None or p.nb < g.variant.arg("nb"):   # not at the cost of a pass over the weights
             return None
-        var = gemv_batch.with_plan(g.variant, p).with_(norm=True, nw=ftype(None, na[1].dtype))
-        e = Encoded(g.op, var, dict(g.ip, **gemv_batch.plan_ip(p)), dict(g.fp, EPS=n.fp["EPS"]), g.group)
+        var, ip = gemv_batch.planned(g.variant, g.ip, p)
+        e = Encoded(g.op, var.with_(norm=True, nw=ftype(None, na[1].dtype)), ip,
+                    dict(g.fp, EPS=n.fp["EPS"]), g.group)
         return e, [na[0]] + ga[1:] + [na[1]], go
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
 

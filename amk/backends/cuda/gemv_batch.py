@@ -185,9 +185,10 @@ def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, nb, tr="float", to=No
                       zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw, xr=xr)
 
 
-def with_plan(v: Variant, p: MmaPlan) -> Variant:
-    """An op_gemv_mma variant with plan p's template arguments (its ip: plan_ip)."""
-    return v.with_(nb=p.nb, xr=p.xr)
+def planned(v: Variant, ip: dict, p: MmaPlan) -> tuple[Variant, dict]:
+    """An op_gemv_mma step under plan p: its variant with p's template arguments, its ip with
+    p's fields (a new dict)."""
+    return v.with_(nb=p.nb, xr=p.xr), dict(ip, **plan_ip(p))
 
 
 def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None,

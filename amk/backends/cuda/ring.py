@@ -135,8 +135,8 @@ def fit_below_ring(tasks: list[FoldedTask]) -> None:
             if p is None:
                 fail(ft.task, f"kernel v2: this GEMV's work area does not fit below the weight ring "
                               f"({RING_OFF} bytes); run it on kernel v1 (AMK_KERNEL=v1)")
-            steps[i] = (replace(e, variant=gemv_batch.with_plan(e.variant, p),
-                                ip=dict(e.ip, **gemv_batch.plan_ip(p))), args, outs)
+            var, ip = gemv_batch.planned(e.variant, e.ip, p)
+            steps[i] = (replace(e, variant=var, ip=ip), args, outs)
             changed = True
         if changed:
             tasks[k] = replace(ft, steps=steps)
