@@ -123,3 +123,26 @@ def test_the_plain_case_is_deferred():
     out = defer_kv_append(prog, DEFER)
     assert [t.op for t in out.tasks] == [K.ATTENTION_TILE, K.KV_APPEND, K.KV_APPEND]
     assert validate(out).ok
+
+
+def test_the_patched_waits_are_the_ones_resync_computes(both):
+    """The pass moves the appends and patches the waits of the edges it moved instead of
+    rescanning every task's data: the result is what resync's scan gives."""
+    from amk.passes.sync import resync
+    _, deferred = both
+    p = deferred["defer_kv_append"]
+    ref = resync(p)
+    assert [(t.waits, t.out_counter) for t in p.tasks] == \
+        [(t.waits, t.out_counter) for t in ref.tasks]
+    assert p.counters == ref.counters
+
+
+def test_a_wait_the_patch_cannot_move_falls_back_to_resync():
+    """A task before an append's new place that waits for the append (none in a decoder; a
+    hand-written program could) makes the patch give up; the pass then resyncs."""
+    from amk.passes import defer_kv_append as pass_
+    from amk.program.ir import Task, Wait
+    t = lambda i, c, waits=(): Task(i, K.COPY, (), (), {}, waits, c)       # noqa: E731
+    tasks = [t(0, 0), t(1, 1, (Wait(0, 1),)), t(2, 2)]   # 0 an append that moves after 2
+    assert pass_._patched_waits(tasks, {0: 2}, {0: [2]}, 3) is None
+    assert pass_._patched_waits(tasks[:1] + [t(1, 1)] + tasks[2:], {0: 2}, {0: [2]}, 3) is not None
