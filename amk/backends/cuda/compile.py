@@ -148,16 +148,16 @@ def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] |
         raise CompileError(f"arch {arch!r} is not a real GPU architecture like 'sm_90a' "
                            "(AMK loads CUBINs, never PTX)")
     key = cache_key(source, arch, options, cuda_options)
-    stored = use_cache and cuda_options.cache_dir is not None
-    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if stored else ""
-    hit = _cached(path, key)
-    if hit is not None:
-        return hit
     if use_cache:                       # a compile started ahead is as good as a cached one
         with _IN_FLIGHT_LOCK:
             fut = _IN_FLIGHT.pop(key, None)
         if fut is not None:
             return fut.result()
+    stored = use_cache and cuda_options.cache_dir is not None
+    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if stored else ""
+    hit = _cached(path, key)
+    if hit is not None:
+        return hit
     return _compile(source, arch, options, key, path)
 
 
