@@ -75,7 +75,7 @@ def compile_once(model, args, nvrtc: bool) -> tuple[Clock, dict]:
     # a GPU run starts NVRTC before the program's final proof (Jitted._compile_ahead); meta
     # tensors would not, so this run asks for it as a GPU's would
     gpu = torch.device("cuda")
-    if hasattr(type(step), "_compile_ahead"):       # (an older amk under A/B has none)
+    if nvrtc and hasattr(type(step), "_compile_ahead"):   # (an older amk under A/B has none)
         step._compile_ahead = lambda backend, _device, opts: type(step)._compile_ahead(
             step, backend, gpu, opts)
     w, c = time.perf_counter(), time.process_time()

@@ -134,7 +134,9 @@ def start_compile(source: str, arch: str = "sm_90a",
         except BaseException as e:      # handed to the waiting compile_source, raised there
             fut.set_exception(e)
 
-    threading.Thread(target=run, name="amk-nvrtc", daemon=True).start()
+    # not a daemon: a process that ends while NVRTC runs (a refused program, a script that only
+    # lowers) waits for it at exit; a daemon thread inside NVRTC then crashes the interpreter
+    threading.Thread(target=run, name="amk-nvrtc").start()
 
 
 def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] | None = None,

@@ -108,3 +108,31 @@ def test_start_program_lowers_once_for_the_runtime(monkeypatch):
     assert lowered_cache.lower_program_cached(program, 132, opts) is low   # the memo, not a copy
     assert lowered_cache.lower_program_cached(program, 66, opts) is not low
     assert started == [render(program, opts)]
+
+
+def test_a_process_that_ends_while_a_compile_runs_ahead_exits_cleanly(source):
+    """A script that lowers for a GPU and ends (or a refused program's process) leaves NVRTC
+    running: the process waits for it at exit. The thread is not a daemon: a daemon inside
+    NVRTC during interpreter shutdown crashed the process (SIGSEGV or SIGABRT, about one exit
+    in four of this script)."""
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+    start_compile(source, "sm_90a", CudaOptions(lineinfo=True))      # a key no other test uses
+    running = [t for t in threading.enumerate() if t.name == "amk-nvrtc"]
+    assert running and not any(t.daemon for t in running)
+    compile_source(source, "sm_90a", cuda_options=CudaOptions(lineinfo=True))
+    code = ("import torch\n"
+            "import amk\n"
+            "from amk.models.model import Model\n"
+            "from amk.models.presets import TINY_LLAMA, random_params\n"
+            "m = Model(TINY_LLAMA, random_params(TINY_LLAMA, device='meta'))\n"
+            "step = amk.jit(m.fn, backend='cuda', donate=('kv',))\n"
+            "gpu = torch.device('cuda')       # as a step on a GPU: NVRTC starts ahead\n"
+            "step._compile_ahead = lambda b, d, o: type(step)._compile_ahead(step, b, gpu, o)\n"
+            "step.lower(*m.example_args(1))\n")
+    root = Path(__file__).resolve().parents[3]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
