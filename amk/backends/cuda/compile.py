@@ -97,6 +97,18 @@ _IN_FLIGHT: dict[str, Future] = {}
 _IN_FLIGHT_LOCK = threading.Lock()
 
 
+def _forget_in_flight() -> None:
+    """In a forked child: the compiling threads stayed with the parent, so their futures would
+    never complete here (and the lock may have been held at the fork)."""
+    global _IN_FLIGHT_LOCK
+    _IN_FLIGHT.clear()
+    _IN_FLIGHT_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_flight)
+
+
 def _nvrtc_options(options: tuple[str, ...] | None, cuda_options: CudaOptions) -> tuple[str, ...]:
     if options is None:
         options = DEFAULT_OPTIONS + (("-lineinfo",) if cuda_options.lineinfo else ())

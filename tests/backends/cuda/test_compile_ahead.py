@@ -136,3 +136,32 @@ def test_a_process_that_ends_while_a_compile_runs_ahead_exits_cleanly(source):
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_compiles_itself_instead_of_waiting_for_the_parents_thread(source):
+    """A process forked while a compile runs ahead has no thread to finish it: its
+    compile_source of the same source compiles (it would otherwise wait forever)."""
+    import os
+    import time
+    opts = CudaOptions(spin_ns=64)                       # a key no other test uses
+    start_compile(source, "sm_90a", opts)
+    pid = os.fork()
+    if pid == 0:                                          # the child
+        code = 1
+        try:
+            code = 0 if compile_source(source, "sm_90a", cuda_options=opts).cubin[:4] == b"\x7fELF" else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child waited for a compile that only its parent was running")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert compile_source(source, "sm_90a", cuda_options=opts).cubin[:4] == b"\x7fELF"
