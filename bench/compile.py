@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
-from gpu_tool import cache_dir, parser  # noqa: E402
+from gpu_tool import cache_dir, parser, python_loop_s  # noqa: E402
 from amk.quant import FORMATS  # noqa: E402
 
 PHASES = ("trace", "passes", "lower", "render", "nvrtc")
@@ -157,8 +157,12 @@ def main(argv=None) -> int:
         ap.error(f"unknown preset(s) {bad}; choose from {sorted(PRESETS)}")
     if a.layers is not None and a.layers < 1:
         ap.error(f"--layers must be at least 1, got {a.layers}")
+    loop_s = python_loop_s()                 # compile times are CPU-bound: the host's speed
     rows = [measure(m, a.layers, not a.no_nvrtc, a.profile, a.batch, a.quant) for m in a.models]
+    for r in rows:
+        r["python_loop_s"] = loop_s
     print(table(rows))
+    print(f"(host: a 2e7-step Python loop took {loop_s:.2f} s; NOTES v29 compares hosts by it)")
     Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from gpu_tool import cache_dir, have_gpu, parser  # noqa: E402  (bench/ is sys.path[0] for a script)
+from gpu_tool import cache_dir, have_gpu, parser, python_loop_s  # noqa: E402  (bench/ is sys.path[0] for a script)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH (ab.py sets it)
@@ -218,6 +218,7 @@ def compile_times(cfg, params, batch: int = 1) -> dict:
             out[f"{label}_compile_s"] = time.perf_counter() - t0
         out["tasks"] = len(low.program.tasks)
         out["counters"] = len(low.program.counters)
+    out["python_loop_s"] = python_loop_s()      # the host's CPU speed, which the compile follows
     return out
 
 

@@ -43,3 +43,14 @@ def cache_dir(path: str):
             os.environ.pop("AMK_CACHE_DIR", None)
         else:
             os.environ["AMK_CACHE_DIR"] = old
+
+
+def python_loop_s(n: int = 20_000_000) -> float:
+    """Seconds this host takes for a plain Python loop of n additions: a CPU reference for
+    compile times, which are CPU-bound (the lent GPU hosts ran it in 0.58-1.33 s, the 2-core
+    development machine in 0.46 s; NOTES v29)."""
+    import time
+    t, s = time.perf_counter(), 0
+    for i in range(n):
+        s += i
+    return time.perf_counter() - t
