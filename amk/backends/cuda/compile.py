@@ -11,7 +11,7 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait as futures_wait
 from dataclasses import dataclass
 
 from amk.diskcache import write_atomic
@@ -97,16 +97,21 @@ _IN_FLIGHT: dict[str, Future] = {}
 _IN_FLIGHT_LOCK = threading.Lock()
 
 
-def _forget_in_flight() -> None:
-    """In a forked child: the compiling threads stayed with the parent, so their futures would
-    never complete here (and the lock may have been held at the fork)."""
-    global _IN_FLIGHT_LOCK
-    _IN_FLIGHT.clear()
-    _IN_FLIGHT_LOCK = threading.Lock()
+def _before_fork() -> None:
+    """NVRTC is not fork-safe (a child forked while a compile ran hung in its own NVRTC call)
+    and a child has no compiling threads: a fork waits for the compiles in flight, so the child
+    inherits them finished. The lock is held across the fork: none starts meanwhile."""
+    _IN_FLIGHT_LOCK.acquire()
+    futures_wait(list(_IN_FLIGHT.values()))
+
+
+def _after_fork() -> None:
+    _IN_FLIGHT_LOCK.release()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_flight)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
+                        after_in_child=_after_fork)
 
 
 def _nvrtc_options(options: tuple[str, ...] | None, cuda_options: CudaOptions) -> tuple[str, ...]:
