@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from amk.passes.options import PassOptions
 from amk.gcpause import without_gc
-from amk.passes.sync import rebuilt, regions_of, renumber, resync
-from amk.program.ir import Counter, InstructionKind as K, Program, Task, Wait
+from amk.passes.sync import rebuilt, regions_of, resync, with_waits
+from amk.program.ir import InstructionKind as K, Program, Task, Wait
 from amk.program.regions import NEW_KV
 
 
@@ -90,7 +90,7 @@ def defer_kv_append(program: Program, opts: PassOptions | None = None) -> Progra
     out = _moved(patched or tasks, moved)
     if patched is None:                  # a wait this patch does not know how to move
         return resync(program.with_(tasks=tuple(out), queues=()))
-    return _in_order(program.with_(tasks=renumber(out), queues=()))
+    return _in_order(program, out)
 
 
 def _moved(tasks: list[Task], moved: dict[int, int]) -> list[Task]:
@@ -145,17 +145,19 @@ def _merged(waits, more) -> tuple[Wait, ...]:
     return tuple(got[c] for c in sorted(got))
 
 
-def _in_order(program: Program) -> Program:
-    """Counters renumbered by first increment in program order (as resync numbers them)."""
+def _in_order(program: Program, tasks: list[Task]) -> Program:
+    """program with tasks (in their new order), ids = positions and counters renumbered by
+    first increment in program order, as resync numbers them (sync.with_waits)."""
     new: dict[int, int] = {}
-    for t in program.tasks:
+    for t in tasks:
         new.setdefault(t.out_counter, len(new))
-    waits = {}
-    tasks = []
-    for t in program.tasks:
-        w = waits.get(t.waits)
+    memo: dict[tuple[Wait, ...], tuple[Wait, ...]] = {}      # tiles of one op share their waits
+    waits = []
+    for t in tasks:
+        w = memo.get(t.waits)
         if w is None:
-            w = waits[t.waits] = tuple(sorted((Wait(new[x.counter], x.threshold) for x in t.waits),
-                                              key=lambda x: x.counter))
-        tasks.append(rebuilt(t, waits=w, out_counter=new[t.out_counter]))
-    return program.with_(tasks=tuple(tasks), counters=tuple(Counter(i) for i in range(len(new))))
+            w = memo[t.waits] = tuple(sorted((Wait(new[x.counter], x.threshold) for x in t.waits),
+                                             key=lambda x: x.counter))
+        waits.append(w)
+    return with_waits(program.with_(tasks=tuple(tasks), queues=()), waits,
+                      [new[t.out_counter] for t in tasks], len(new))

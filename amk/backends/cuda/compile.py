@@ -120,6 +120,12 @@ def _nvrtc_options(options: tuple[str, ...] | None, cuda_options: CudaOptions) -
     return tuple(options)
 
 
+def _cubin_path(cuda_options: CudaOptions, key: str) -> str:
+    """Where the disk cache keeps key's CUBIN ("": no disk cache)."""
+    d = cuda_options.cache_dir
+    return str(d / "cuda" / f"{key}.cubin") if d is not None else ""
+
+
 def _cached(path: str, key: str) -> CompileResult | None:
     """The disk cache's CUBIN at path ("": no cache), or None."""
     if path and os.path.exists(path):
@@ -139,7 +145,7 @@ def start_compile(source: str, arch: str = "sm_90a",
     compile_source call of the same source, arch and options."""
     options = _nvrtc_options(None, cuda_options)
     key = cache_key(source, arch, options, cuda_options)
-    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if cuda_options.cache_dir else ""
+    path = _cubin_path(cuda_options, key)
     with _IN_FLIGHT_LOCK:
         if key in _IN_FLIGHT or (path and os.path.exists(path)):
             return
@@ -172,8 +178,7 @@ def compile_source(source: str, arch: str = "sm_90a", options: tuple[str, ...] |
             fut = _IN_FLIGHT.pop(key, None)
         if fut is not None:
             return fut.result()
-    stored = use_cache and cuda_options.cache_dir is not None
-    path = str(cuda_options.cache_dir / "cuda" / f"{key}.cubin") if stored else ""
+    path = _cubin_path(cuda_options, key) if use_cache else ""
     hit = _cached(path, key)
     if hit is not None:
         return hit
