@@ -68,7 +68,11 @@ def decode_ms(v: Variant, context: int, iters: int, timeout: int, model: str = "
         if r.returncode != 0 or not out.is_file():
             print(f"  {v.name}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
             return None
-        return float(json.loads(out.read_text())["rows"][0]["amk_cuda_ms"])
+        row = json.loads(out.read_text())["rows"][0]
+        if "amk_cuda_ms" not in row:        # the step failed: decode.py says why in the row
+            print(f"  {v.name}: {row.get('amk_cuda_error', 'no amk_cuda_ms in the row')}")
+            return None
+        return float(row["amk_cuda_ms"])
 
 
 def run(variants: list[Variant], rounds: int, measure) -> list[dict]:

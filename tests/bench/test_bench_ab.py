@@ -47,3 +47,20 @@ def test_rounds_alternate_the_variants_and_the_table_keeps_the_best(ab, capsys):
     assert [r["best_ms"] for r in rows] == [1.04, 1.10]
     text = ab.table(rows)
     assert "- | 1.050 | 1.040 | 1.040" in text and "AMK_PRELOAD=0 | 1.100 | - | 1.100" in text
+
+
+def test_a_step_that_fails_is_no_result_with_its_reason(ab, monkeypatch, capsys):
+    """decode.py records a failed cuda step as amk_cuda_error, with no amk_cuda_ms: the run
+    is None and the reason printed (it was a KeyError that ended the whole A/B)."""
+    import json
+    import subprocess
+
+    def fake_run(cmd, **kw):
+        out = Path(cmd[cmd.index("--json") + 1])
+        rows = [{"context": 1024, "amk_cuda_error": "CompileError: too many operands"}]
+        out.write_text(json.dumps({"rows": rows}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    assert ab.decode_ms(ab.parse_variant("-"), 1024, 5, 60) is None
+    assert "-: CompileError: too many operands" in capsys.readouterr().out
