@@ -75,6 +75,12 @@ class PassOptions:
     # this many bytes of partials, all of P's, so that a reader stages them in one round trip
     # (the cuda backend's staging area); None: no bound
     fold_partial_bytes: int | None = None
+    # ... and only at head dims up to this (the cuda backend: 64; None: any), else one combine
+    # a kv group
+    fold_max_head_dim: int | None = None
+    # split_kv: a derived P at most this (the cuda backend: a task's operand limit less the
+    # combine's pos and output and those of the o tile it may be folded into); None: no bound
+    max_kv_shards: int | None = None
     defer_kv_append: bool = False     # the attention reads the new K/V row; the append runs after
     fuse: bool = True
     fuse_rules: tuple[tuple[str, str], ...] | None = None   # None = DEFAULT_FUSE_RULES
@@ -96,9 +102,12 @@ class PassOptions:
         otherwise."""
         if backend == "cuda":      # the combine is recomputed by each o-projection tile: no hop;
             # the attention waits for the k/v projections, not for the cache appends
-            from amk.backends.cuda.smem import FOLD_STAGE_BYTES
+            from amk.backends.cuda.codegen import MAX_PTRS
+            from amk.backends.cuda.smem import FOLD_MAX_HEAD_DIM, FOLD_STAGE_BYTES
             return PassOptions(target=gpu_target(device), combine_per_group=False,
-                               fold_partial_bytes=FOLD_STAGE_BYTES, defer_kv_append=True,
+                               fold_partial_bytes=FOLD_STAGE_BYTES,
+                               fold_max_head_dim=FOLD_MAX_HEAD_DIM, max_kv_shards=MAX_PTRS - 8,
+                               defer_kv_append=True,
                                fuse_rules=DEFAULT_FUSE_RULES + COMBINE_INTO_GEMV)
         if backend == "triton":
             return PassOptions(target=LAUNCH, fuse=False)

@@ -8,12 +8,16 @@ so a user's 8K cache at position 127 still gives every shard 127/P rows. It writ
 (= [acc | m | l] per head). An empty shard writes acc=0, m=-inf, l=0, which the combine
 weighs 0. One
 ATTENTION_COMBINE per group merges its P partials into the group's heads of the output (or, at
-batch 1, one over all heads: opts.combine_per_group False, so fuse can fold it into each reader).
+batch 1, one over all heads: opts.combine_per_group False, so fuse can fold it into each reader;
+on the cuda options only where the fold pays, below).
 
 P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
-no shard shorter than opts.kv_shard_min rows, and at batch 1 with the one combine its readers
-fold in, no more partials than opts.fold_partial_bytes hold (each reader stages them all) while
-that leaves the shards half the SMs or more. P = 1 keeps one exact (non-partial) task per group,
+no shard shorter than opts.kv_shard_min rows and no more than opts.max_kv_shards (what one
+backend task may merge: 56 on cuda, where 1-2 kv heads at an 8K cache made 64 and failed to
+compile). At batch 1 with the one combine its readers fold in (opts.fold_partial_bytes set), no
+more partials than that many bytes hold (each reader stages them all), and a fold at all only
+if that leaves the shards half the SMs or more and the head dim is at most
+opts.fold_max_head_dim; else one combine a kv group, P unbounded. P = 1 keeps one exact (non-partial) task per group,
 or the one task as it is on a `whole_ops` target (one launch already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
 
@@ -47,7 +51,7 @@ def shard_count(max_seq: int, groups: int, opts: PassOptions) -> int:
         return max(1, min(int(opts.attn_splits), max_seq))
     by_sms = max(1, opts.target.num_sms // max(groups, 1))
     by_len = max(1, max_seq // max(opts.kv_shard_min, 1))
-    return max(1, min(by_sms, by_len))
+    return max(1, min(by_sms, by_len, opts.max_kv_shards or by_sms))
 
 
 def shard_rows(opts: PassOptions) -> int:
@@ -104,13 +108,19 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         start = int(p.get("kv_start", 0))
         length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
         P = shard_count(length, groups * len(seqs), opts)
-        if (B == 1 and not opts.combine_per_group and opts.fold_partial_bytes
-                and opts.attn_splits is None):
-            # every reader of the one combine stages all P partials (f32 [acc | m | l] a head),
-            # but the shards keep at least half the SMs: fewer make each shard's rows cost more
-            # than the staging saves (the 8B at context 4096 with P 4: +230 us, NOTES v30)
+        one = B == 1 and not opts.combine_per_group     # one combine, folded into its readers
+        if one and opts.fold_partial_bytes and opts.attn_splits is None:
+            # every reader of the one combine stages all P partials (f32 [acc | m | l] a head):
+            # a fold only where they fit with the shards still on half the SMs or more (fewer
+            # make each shard's rows cost more than the staging saves: the 8B at context 4096
+            # with P 4, +230 us, NOTES v30) and at the head dims where it measured faster
+            # (smem.FOLD_MAX_HEAD_DIM); else one combine a kv group
             fit = opts.fold_partial_bytes // (nh * (hd + 2) * 4)
-            P = min(P, max(1, fit, opts.target.num_sms // (2 * groups)))
+            if (fit >= opts.target.num_sms // (2 * groups)
+                    and hd <= (opts.fold_max_head_dim or hd)):
+                P = max(1, min(P, fit))
+            else:
+                one = False
         pos = t.inputs[3] if len(t.inputs) > 3 else None
         # the live count needs the runtime pos (and more than one shard); a static window's P
         # is already its count
@@ -148,7 +158,7 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         # combine over every head (fuse folds it into each reader) only at batch 1: a batch's
         # fold made each of ~130 o tiles merge every sequence's partials (135 KB of L2 reads
         # a tile at batch 16, 12.7 us: NOTES v24), where one combine a kv group writes y once
-        if not opts.combine_per_group and B == 1:
+        if one:
             heads = [{}]
         comb_in = tuple(parts)
         if live:      # the window the shards split, to count them again (regions.combine_live)

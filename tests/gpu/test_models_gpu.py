@@ -1,6 +1,7 @@
 """Whole models on the CUDA megakernel: tiny HF models against transformers, a Llama-3.2-1B-shaped
 model against the reference VM on the GPU (32 steps from an empty cache; one step on a cache of
-history at the benchmark's split-KV schedule), and 1,000 repeated steps (no race); the preset
+history at the benchmark's split-KV schedule), and 1,000 repeated steps (no race; also with a
+combine task a kv group, head dim 128); the preset
 shapes and the 1,000 steps also on kernel v2 (AMK_KERNEL=v2, the weight ring)."""
 from dataclasses import replace
 
@@ -96,9 +97,10 @@ SHAPES = {"qwen3-0.6b": replace(QWEN3_0_6B, n_layers=2),              # head dim
           "llama-3-8b": replace(LLAMA_3_8B, n_layers=1)}
 
 
-# 8192 rows, R = 128, P = 8 (the o tile's staging area holds 8 partials of these shapes; split_kv):
-# live shards 1 (0, 127, 254), 2 (255: the first step with two), 8 (1023: the first with all),
-# then 8 ever longer shards (1500, 2046, 2047, 4095, 8191: up to 1024 rows a shard)
+# 8192 rows, R = 128: the biases' 1B shape P = 8 folded (the o tile's staging area holds 8
+# partials), Qwen3 and the 8B (head dim 128) P = 16 and a combine task a kv group (split_kv):
+# live shards 1 (0, 127, 254), 2 (255: the first step with two), 8 (1023: all of P = 8), 11, 15,
+# 16 (1500, 2046, 2047), then ever longer shards (4095, 8191)
 @pytest.mark.parametrize("pos", [0, 127, 254, 255, 1023, 1500, 2046, 2047, 4095, 8191])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_preset_shapes_at_a_users_cache_match_reference_vm(shape, pos):
@@ -152,6 +154,28 @@ def test_one_thousand_repeated_steps_are_identical(kernel, monkeypatch):
     first = None
     for _ in range(1000):
         ids, logits, kv = step(params, token, pos, kv)      # same row rewritten: same result
+        if first is None:
+            first = logits.clone()
+        elif not torch.equal(logits, first):
+            raise AssertionError("a repeated step gave a different result: a race")
+    torch.cuda.synchronize()
+
+
+def test_a_combine_a_kv_group_gives_the_same_result_for_1000_steps():
+    """Head dim 128 at batch 1: one combine task a kv group (not folded into the o tiles), 15
+    live shards of 16 a group; the same step 1,000 times, the same bits."""
+    cfg = replace(QWEN3_0_6B, n_layers=2, vocab=4096)
+    m = random_model(cfg, device="cuda", max_seq=4096, seed=4)
+    step = m.jit("cuda")
+    params, token, pos, kv = m.example_args()
+    token.fill_(7)
+    pos.fill_(2000)
+    from amk.program.ir import InstructionKind as K
+    prog = step.lower(params, token, pos, kv).program
+    assert sum(t.op is K.ATTENTION_COMBINE for t in prog.tasks) == 2 * cfg.n_kv_heads
+    first = None
+    for _ in range(1000):
+        ids, logits, kv = step(params, token, pos, kv)
         if first is None:
             first = logits.clone()
         elif not torch.equal(logits, first):

@@ -106,24 +106,47 @@ def test_live_shards_at_an_8k_cache_match_the_unsplit_step(backend):
         close(got, run(p, b))
 
 
-@pytest.mark.parametrize("preset, shards", [("LLAMA_3_2_1B", 8), ("QWEN3_0_6B", 8),
-                                            ("LLAMA_3_8B", 8)])
-def test_batch_1s_shards_fit_the_folds_staging_but_keep_half_the_sms(preset, shards):
+@pytest.mark.parametrize("preset, shards, combines", [("LLAMA_3_2_1B", 8, 1), ("QWEN3_0_6B", 16, 8),
+                                                      ("LLAMA_3_8B", 16, 8)])
+def test_batch_1_folds_its_combine_only_where_the_fold_pays(preset, shards, combines):
     """The cuda options fold batch 1's one combine into every o tile, which stages all P
-    partials: P stops at what fold_partial_bytes holds (1B, Qwen3: 8 of ~8.4 KB in ~68 KB), but
-    never below half the SMs' worth of shards (the 8B's 16.6 KB partials would fit only 4;
-    it keeps 132 // (2 x 8) = 8). A forced attn_splits and a batch keep their P."""
+    partials: P stops at what fold_partial_bytes holds (1B: 8 of ~8.4 KB in ~68 KB). No fold
+    where that leaves the shards under half the SMs (the 8B's 16.6 KB partials fit only 4 of
+    the 8 that 132 // (2 x 8) asks) or above fold_max_head_dim (Qwen3, the 8B: head dim 128):
+    there one combine a kv group and P from the SMs. A forced attn_splits and a batch keep
+    their P and their combines."""
     from amk.models import presets
     cfg = replace(getattr(presets, preset), n_layers=1, vocab=256, max_seq=8192,
                   qk_norm=False)            # (pass_helpers' params have no q/k norms)
     opts = PassOptions.for_backend("cuda")
-    assert opts.fold_partial_bytes and opts.target.num_sms == 132
+    assert opts.fold_partial_bytes and opts.fold_max_head_dim == 64 and opts.target.num_sms == 132
 
-    def kv_shards(o, batch=1):
-        split = run_passes(llama_program(cfg, batch), o, upto="split_kv")["split_kv"]
-        return {t.params.get("kv_shards", 1) for t in split.tasks if t.op is K.ATTENTION_TILE}
+    def split(o, batch=1):
+        prog = run_passes(llama_program(cfg, batch), o, upto="split_kv")["split_kv"]
+        P = {t.params.get("kv_shards", 1) for t in prog.tasks if t.op is K.ATTENTION_TILE}
+        return P, sum(t.op is K.ATTENTION_COMBINE for t in prog.tasks)
 
-    assert kv_shards(opts) == {shards}
-    assert kv_shards(opts.with_(fold_partial_bytes=None)) == {16}       # num_sms // kv groups
-    assert kv_shards(opts.with_(attn_splits=12)) == {12}
-    assert kv_shards(opts, batch=4) == kv_shards(opts.with_(fold_partial_bytes=None), batch=4)
+    assert split(opts) == ({shards}, combines)
+    assert split(opts.with_(fold_partial_bytes=None)) == ({16}, 1)      # num_sms // kv groups
+    if cfg.head_dim > 64 and preset != "LLAMA_3_8B":                   # the head dim alone
+        assert split(opts.with_(fold_max_head_dim=None)) == ({8}, 1)
+    assert split(opts.with_(attn_splits=12)) == ({12}, 1)
+    assert split(opts, batch=4) == split(opts.with_(fold_partial_bytes=None), batch=4)
+
+
+def test_no_backend_task_merges_more_partials_than_it_may_have_operands():
+    """Two kv heads at an 8K cache asked for 64 shards a head (132 // 2, 8192 // 128): the
+    combine's 66 operands failed the cuda backend's 64. max_kv_shards bounds a derived P; a
+    forced attn_splits is the user's."""
+    from amk.backends.cuda.codegen import MAX_PTRS
+    cfg = replace(TINY, max_seq=8192)
+    opts = PassOptions.for_backend("cuda")
+    assert opts.max_kv_shards == MAX_PTRS - 8
+
+    def shards(o):
+        prog = run_passes(llama_program(cfg), o, upto="split_kv")["split_kv"]
+        return {t.params.get("kv_shards", 1) for t in prog.tasks if t.op is K.ATTENTION_TILE}
+
+    assert shards(opts) == {MAX_PTRS - 8}
+    assert shards(opts.with_(max_kv_shards=None)) == {64}
+    assert shards(opts.with_(attn_splits=60)) == {60}

@@ -10,7 +10,7 @@ pytest.importorskip("cuda.bindings")
 
 import amk  # noqa: E402
 from amk.models.llama import DecoderConfig  # noqa: E402
-from amk.models.presets import LLAMA_3_2_1B, TINY_LLAMA, random_model  # noqa: E402
+from amk.models.presets import LLAMA_3_2_1B, QWEN3_0_6B, TINY_LLAMA, random_model  # noqa: E402
 from amk.testing import decode_steps  # noqa: E402
 
 SMOLLM2_SHAPE = DecoderConfig(vocab=49152, hidden=576, n_layers=30, n_heads=9, n_kv_heads=3,
@@ -33,6 +33,10 @@ def assert_cubin(low):
     ("tiny qwen2 (biases) int8", replace(TINY_LLAMA, qkv_bias=True, arch="qwen2"), "cpu", "int8"),
     ("smollm2-135m shape", SMOLLM2_SHAPE, "meta", None),
     ("llama-3.2-1b shape", replace(LLAMA_3_2_1B, max_seq=1088), "meta", None),
+    # two kv heads at an 8K cache: 64 shards a head made a 66-operand combine (max_kv_shards)
+    ("tiny-llama at an 8K cache", replace(TINY_LLAMA, max_seq=8192), "meta", None),
+    # head dim 128: batch 1's combine a task a kv group, not folded (smem.FOLD_MAX_HEAD_DIM)
+    ("qwen3-0.6b shape", replace(QWEN3_0_6B, n_layers=2, max_seq=8192), "meta", None),
 ])
 def test_model_decode_steps_compile_for_sm90a(name, cfg, device, fmt):
     m = random_model(cfg, device=device)
