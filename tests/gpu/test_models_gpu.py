@@ -142,45 +142,39 @@ def test_kernel_v2_gives_v1s_logits_bit_for_bit(monkeypatch):
     assert torch.equal(got["v1"], got["v2"]), (got["v1"] - got["v2"]).abs().max()
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v2"])
-def test_one_thousand_repeated_steps_are_identical(kernel, monkeypatch):
-    monkeypatch.setenv("AMK_KERNEL", kernel)
-    cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=4096)
-    m = random_model(cfg, device="cuda", max_seq=256, seed=4)
+def _repeated_steps_are_identical(cfg, max_seq, pos, combines=None):
+    """The same step (same row rewritten) 1,000 times: the same logits every time (a race
+    would show as a different result). combines: the ATTENTION_COMBINE tasks it must have."""
+    m = random_model(cfg, device="cuda", max_seq=max_seq, seed=4)
     step = m.jit("cuda")
-    params, token, pos, kv = m.example_args()
+    params, token, p, kv = m.example_args()
     token.fill_(7)
-    pos.fill_(100)
+    p.fill_(pos)
+    if combines is not None:
+        from amk.program.ir import InstructionKind as K
+        prog = step.lower(params, token, p, kv).program
+        assert sum(t.op is K.ATTENTION_COMBINE for t in prog.tasks) == combines
     first = None
     for _ in range(1000):
-        ids, logits, kv = step(params, token, pos, kv)      # same row rewritten: same result
+        ids, logits, kv = step(params, token, p, kv)
         if first is None:
             first = logits.clone()
         elif not torch.equal(logits, first):
             raise AssertionError("a repeated step gave a different result: a race")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("kernel", ["v1", "v2"])
+def test_one_thousand_repeated_steps_are_identical(kernel, monkeypatch):
+    monkeypatch.setenv("AMK_KERNEL", kernel)
+    _repeated_steps_are_identical(replace(LLAMA_3_2_1B, n_layers=2, vocab=4096), 256, 100)
 
 
 def test_a_combine_a_kv_group_gives_the_same_result_for_1000_steps():
     """Head dim 128 at batch 1: one combine task a kv group (not folded into the o tiles), 15
-    live shards of 16 a group; the same step 1,000 times, the same bits."""
+    live shards of 16 a group."""
     cfg = replace(QWEN3_0_6B, n_layers=2, vocab=4096)
-    m = random_model(cfg, device="cuda", max_seq=4096, seed=4)
-    step = m.jit("cuda")
-    params, token, pos, kv = m.example_args()
-    token.fill_(7)
-    pos.fill_(2000)
-    from amk.program.ir import InstructionKind as K
-    prog = step.lower(params, token, pos, kv).program
-    assert sum(t.op is K.ATTENTION_COMBINE for t in prog.tasks) == 2 * cfg.n_kv_heads
-    first = None
-    for _ in range(1000):
-        ids, logits, kv = step(params, token, pos, kv)
-        if first is None:
-            first = logits.clone()
-        elif not torch.equal(logits, first):
-            raise AssertionError("a repeated step gave a different result: a race")
-    torch.cuda.synchronize()
+    _repeated_steps_are_identical(cfg, 4096, 2000, combines=2 * cfg.n_kv_heads)
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
