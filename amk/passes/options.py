@@ -100,8 +100,9 @@ class PassOptions:
         """Defaults for a backend: a GPU target shaped like the device for cuda; whole-op,
         unfused tasks for triton (a FUSED recipe there is the same launches plus scratch); CPU
         otherwise."""
-        if backend == "cuda":      # the combine is recomputed by each o-projection tile: no hop;
-            # the attention waits for the k/v projections, not for the cache appends
+        if backend == "cuda":      # batch 1's combine recomputed by each o-projection tile where
+            # that pays (split_kv): no hop; the attention waits for the k/v projections, not for
+            # the cache appends
             from amk.backends.cuda.codegen import MAX_PTRS
             from amk.backends.cuda.smem import FOLD_MAX_HEAD_DIM, FOLD_STAGE_BYTES
             return PassOptions(target=gpu_target(device), combine_per_group=False,

@@ -17,8 +17,9 @@ backend task may merge: 56 on cuda, where 1-2 kv heads at an 8K cache made 64 an
 compile). At batch 1 with the one combine its readers fold in (opts.fold_partial_bytes set), no
 more partials than that many bytes hold (each reader stages them all), and a fold at all only
 if that leaves the shards half the SMs or more and the head dim is at most
-opts.fold_max_head_dim; else one combine a kv group, P unbounded. P = 1 keeps one exact (non-partial) task per group,
-or the one task as it is on a `whole_ops` target (one launch already covers every group).
+opts.fold_max_head_dim; else one combine a kv group and P from the SMs. P = 1 keeps one exact
+(non-partial) task per group, or the one task as it is on a `whole_ops` target (one launch
+already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
 
 A batch (a cache per sequence [B, max_seq, ..], one query row each) is split by sequence too:
