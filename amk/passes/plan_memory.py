@@ -3,19 +3,23 @@
 A buffer is live from the first task that touches it to the last (program order). Buffers of one
 class (dtype, shape) share storage when their live ranges do not overlap; the free list of each
 class is FIFO, so a buffer is reused as late as possible, which keeps the WAR/WAW waits the reuse
-adds (computed by `resync`) off the critical path. Program order stays a legal sequential
-execution, so the result computes exactly what the input did. Program outputs and buffers that
-are read before they are first written (they rely on zero-initialisation) are never shared.
+adds (computed by `resync`) off the critical path. A buffer a KV append reads (the new k / v
+rows) shares only with others of its kind: defer_kv_append runs the appends after the
+attention, off the critical path, and a later writer of the same storage would wait for them
+(Qwen3-0.6B's o and down tiles, whose rows are as wide as its k and v rows, waited for the
+layer's appends: NOTES v32). Program order stays a legal sequential execution, so the result
+computes exactly what the input did. Program outputs and buffers that are read before they are
+first written (they rely on zero-initialisation) are never shared.
 """
 from __future__ import annotations
 
 from collections import deque
 
-from amk.passes.fuse import remap_buffers
+from amk.passes.fuse import remap_buffers, root_op
 from amk.passes.options import PassOptions
 from amk.gcpause import without_gc
 from amk.passes.sync import resync
-from amk.program.ir import BufferKind, Program
+from amk.program.ir import BufferKind, InstructionKind as K, Program
 from amk.program.regions import task_regions
 
 
@@ -54,15 +58,16 @@ def plan_memory(program: Program, opts: PassOptions | None = None) -> Program:
     for b in movable:
         by_last.setdefault(last[b.id], []).append(b.id)
 
+    appended = {b for task in program.tasks if root_op(task) is K.KV_APPEND for b in task.inputs}
     home: dict[int, int] = {}                     # buffer -> the buffer whose storage it uses
     free: dict[tuple, deque[int]] = {}
     for t in range(len(program.tasks)):
         for b in by_first.get(t, ()):
-            cls = (bufs[b].dtype, bufs[b].shape)
+            cls = (bufs[b].dtype, bufs[b].shape, b in appended)
             pool = free.get(cls)
             home[b] = pool.popleft() if pool else b
         for b in by_last.get(t, ()):
-            cls = (bufs[b].dtype, bufs[b].shape)
+            cls = (bufs[b].dtype, bufs[b].shape, b in appended)
             free.setdefault(cls, deque()).append(home[b])
     if all(home[b] == b for b in home):
         return program

@@ -47,3 +47,25 @@ def test_plan_memory_reuses_activations(stages):
     for b1, olds in merged.items():
         assert {(before.buffers[b].shape, before.buffers[b].dtype) for b in olds} == \
             {(after.buffers[b1].shape, after.buffers[b1].dtype)}
+
+
+def test_a_kv_appends_rows_share_storage_only_with_other_appends_rows():
+    """Qwen3-0.6B's k and v rows (8 kv heads x 128) are as wide as its hidden state (1024):
+    sharing by shape alone gave the o and down tiles the storage the layer's deferred KV
+    appends still read, so they waited for those appends (NOTES v32). Now only the next layer's
+    k / v projection reuses it (off the critical path, as at any other shape), and the step
+    computes what it did."""
+    from dataclasses import replace
+    from pass_helpers import TINY, bindings, llama_program, run, run_passes, same
+    from amk.passes.fuse import root_op
+    from amk.program.ir import InstructionKind as K
+    cfg = replace(TINY, n_layers=3, hidden=16, n_heads=4, n_kv_heads=2, head_dim=8)
+    assert cfg.n_kv_heads * cfg.head_dim == cfg.hidden
+    p = llama_program(cfg)
+    prog = run_passes(p, PassOptions.for_backend("cuda"), upto="place")["place"]
+    by_counter = {t.out_counter for t in prog.tasks if root_op(t) is K.KV_APPEND}
+    waiters = [t for t in prog.tasks if any(w.counter in by_counter for w in t.waits)]
+    # the next layer's k / v projection tiles, never the residual adds (o, down)
+    assert waiters and {root_op(t) for t in waiters} == {K.GEMV_TILE}, [t.name for t in waiters]
+    b = bindings(p, pos=5)
+    same(run(prog, b), run(p, b))
