@@ -1,5 +1,7 @@
 """plan_memory: activations whose lifetimes do not overlap share one buffer (same shape and
-dtype only); the tasks stay, their buffer ids change."""
+dtype only, and a KV append's rows only with other appends' rows); the tasks stay, their buffer
+ids change."""
+import pytest
 from pass_helpers import golden
 
 from small_programs import chain_program
@@ -69,3 +71,21 @@ def test_a_kv_appends_rows_share_storage_only_with_other_appends_rows():
     assert waiters and {root_op(t) for t in waiters} == {K.GEMV_TILE}, [t.name for t in waiters]
     b = bindings(p, pos=5)
     same(run(prog, b), run(p, b))
+
+
+@pytest.mark.parametrize("preset", ["LLAMA_3_2_1B", "QWEN3_0_6B", "LLAMA_3_8B"])
+def test_no_residual_tile_of_a_preset_waits_for_a_kv_append(preset):
+    """The presets on the cuda options at a user's cache: the appends run after the attention,
+    off the critical path; only the next layer's k / v projections (the same storage) may wait
+    for them, never an o or down tile (Qwen3's did, NOTES v32)."""
+    from dataclasses import replace
+    from pass_helpers import llama_program, run_passes
+    from amk.models import presets
+    from amk.passes.fuse import root_op
+    from amk.program.ir import InstructionKind as K
+    cfg = replace(getattr(presets, preset), n_layers=3, vocab=256, max_seq=8192,
+                  qk_norm=False)            # (pass_helpers' params have no q/k norms)
+    prog = run_passes(llama_program(cfg), PassOptions.for_backend("cuda"), upto="place")["place"]
+    by_counter = {t.out_counter for t in prog.tasks if root_op(t) is K.KV_APPEND}
+    waiters = {root_op(t) for t in prog.tasks if any(w.counter in by_counter for w in t.waits)}
+    assert waiters <= {K.GEMV_TILE}, waiters
