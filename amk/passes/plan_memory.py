@@ -18,6 +18,7 @@ from collections import deque
 from amk.passes.fuse import remap_buffers, root_op
 from amk.passes.options import PassOptions
 from amk.gcpause import without_gc
+from amk.identity_memo import IdentityMemo
 from amk.passes.sync import resync
 from amk.program.ir import BufferKind, InstructionKind as K, Program
 from amk.program.regions import task_regions
@@ -58,7 +59,9 @@ def plan_memory(program: Program, opts: PassOptions | None = None) -> Program:
     for b in movable:
         by_last.setdefault(last[b.id], []).append(b.id)
 
-    appended = {b for task in program.tasks if root_op(task) is K.KV_APPEND for b in task.inputs}
+    memo = IdentityMemo()                         # root_op's, once per recipe object
+    appended = {b for task in program.tasks if root_op(task, memo) is K.KV_APPEND
+                for b in task.inputs}
     home: dict[int, int] = {}                     # buffer -> the buffer whose storage it uses
     free: dict[tuple, deque[int]] = {}
     for t in range(len(program.tasks)):
