@@ -62,6 +62,11 @@ DEFAULT_FUSE_RULES: tuple[tuple[str, str], ...] = (
 # partials itself, ~70 KB of L2 reads for Llama-3.2-1B, instead of a task hand-off).
 COMBINE_INTO_GEMV: tuple[tuple[str, str], ...] = (
     ("ATTENTION_COMBINE", "GEMV_TILE"), ("ATTENTION_COMBINE", "GEMM_TILE"))
+# ... on the cuda backend only at head dims up to this (PassOptions.fold_max_head_dim):
+# measured, not derived. At head dim 128 one combine task a kv group won on every row
+# (Qwen3-0.6B 5-17%, the Llama-3-8B shape 1-5%), at 64 the fold (Llama-3.2-1B, bf16 and
+# int4 / int8 / fp8: 4-7%); place's cost model prefers the combine tasks for all four (NOTES v32)
+FOLD_MAX_HEAD_DIM = 64
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ class PassOptions:
             # that pays (split_kv): no hop; the attention waits for the k/v projections, not for
             # the cache appends
             from amk.backends.cuda.codegen import MAX_PTRS
-            from amk.backends.cuda.smem import FOLD_MAX_HEAD_DIM, FOLD_STAGE_BYTES
+            from amk.backends.cuda.smem import FOLD_STAGE_BYTES
             return PassOptions(target=gpu_target(device), combine_per_group=False,
                                fold_partial_bytes=FOLD_STAGE_BYTES,
                                fold_max_head_dim=FOLD_MAX_HEAD_DIM, max_kv_shards=MAX_PTRS - 8,

@@ -115,7 +115,7 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
             # a fold only where they fit with the shards still on half the SMs or more (fewer
             # make each shard's rows cost more than the staging saves: the 8B at context 4096
             # with P 4, +230 us, NOTES v30) and at the head dims where it measured faster
-            # (smem.FOLD_MAX_HEAD_DIM); else one combine a kv group
+            # (passes.options.FOLD_MAX_HEAD_DIM); else one combine a kv group
             fit = opts.fold_partial_bytes // (nh * (hd + 2) * 4)
             if (fit >= opts.target.num_sms // (2 * groups)
                     and hd <= (opts.fold_max_head_dim or hd)):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from amk.diskcache import read_pickle, write_pickle
 from amk.gcpause import without_gc
+from amk.identity_memo import IdentityMemo
 from amk.program.digest import program_digest
 from amk.program.ir import Program
 from amk.version import VERSION
@@ -38,23 +39,22 @@ def _key(program: Program, n_ctas: int, options: CudaOptions) -> str:
 
 # The last lowering, by program object: a compile started ahead (compile.start_program) lowers
 # the program that CudaProgram lowers again moments later. The tables are read, never written.
-_LAST: list = [None]
+_LAST = IdentityMemo(limit=1)
+
+
+def lower_program_cached(program: Program, n_ctas: int = 132,
+                         options: CudaOptions = CudaOptions()):
+    return _LAST.get(program, (n_ctas, options.key()), lambda: _lower(program, n_ctas, options))
 
 
 @without_gc
-def lower_program_cached(program: Program, n_ctas: int = 132,
-                         options: CudaOptions = CudaOptions()):
+def _lower(program: Program, n_ctas: int, options: CudaOptions):
     from amk.backends.cuda import lower
-    last = _LAST[0]
-    if last is not None and last[0] is program and last[1] == (n_ctas, options.key()):
-        return last[2]
     if options.cache_dir is None:
+        return lower.lower_program(program, n_ctas, options)
+    path = options.cache_dir / "cuda" / f"{_key(program, n_ctas, options)}.lowered.pkl"
+    low = read_pickle(path)
+    if not isinstance(low, lower.Lowered):
         low = lower.lower_program(program, n_ctas, options)
-    else:
-        path = options.cache_dir / "cuda" / f"{_key(program, n_ctas, options)}.lowered.pkl"
-        low = read_pickle(path)
-        if not isinstance(low, lower.Lowered):
-            low = lower.lower_program(program, n_ctas, options)
-            write_pickle(path, low)
-    _LAST[0] = (program, (n_ctas, options.key()), low)
+        write_pickle(path, low)
     return low

@@ -44,11 +44,6 @@ PRE_OFF = SMEM_BYTES - 65536     # preload.py's o-tile rows: the top 64 KiB
 # bulk copy a partial, one round trip): split_kv keeps batch 1's partials within it
 # (PassOptions.fold_partial_bytes); more took combine_direct, 13 us a task (NOTES v22)
 FOLD_STAGE_BYTES = PRE_OFF - STAGE_OFF
-# ... and only at head dims up to this (PassOptions.fold_max_head_dim): measured, not derived.
-# At head dim 128 one combine task a kv group won on every row (Qwen3-0.6B 5-17%, the Llama-3-8B
-# shape 1-5%), at 64 the fold (Llama-3.2-1B, bf16 and int4 / int8 / fp8: 4-7%); place's cost
-# model prefers the combine tasks for all four (NOTES v32)
-FOLD_MAX_HEAD_DIM = 64
 
 # v2. The 227 KiB an H100/H200 CTA may have, less 12 KiB for the static variables (10 KiB in
 # v1, padded to 1024; tests/backends/cuda/test_cuda_compile.py checks the sum).

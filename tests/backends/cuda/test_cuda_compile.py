@@ -240,8 +240,8 @@ def test_qwen3_q_k_norms_fold_into_the_attention_and_its_kernel_spills_nowhere()
     """Qwen3's per-head q/k RMSNorms (fuse rule RMSNORM -> ROPE) end inside the staged
     attention (folds.norm_into_attention: QKN, the weights as inputs before the inverse
     frequencies), not as steps of their own; the 2-layer kernel at an 8K cache (16 shards a kv
-    head and a combine task each: head dim 128 is not folded, smem.FOLD_MAX_HEAD_DIM) compiles
-    for sm_90a without a spill."""
+    head and a combine task each: head dim 128 is not folded, passes.options.FOLD_MAX_HEAD_DIM)
+    compiles for sm_90a without a spill."""
     from amk.backends.cuda.lower import fold_program
     from amk.models.presets import QWEN3_0_6B
     cfg = replace(QWEN3_0_6B, n_layers=2, vocab=4096, max_seq=8192)
