@@ -62,11 +62,6 @@ DEFAULT_FUSE_RULES: tuple[tuple[str, str], ...] = (
 # partials itself, ~70 KB of L2 reads for Llama-3.2-1B, instead of a task hand-off).
 COMBINE_INTO_GEMV: tuple[tuple[str, str], ...] = (
     ("ATTENTION_COMBINE", "GEMV_TILE"), ("ATTENTION_COMBINE", "GEMM_TILE"))
-# ... on the cuda backend only at head dims up to this (PassOptions.fold_max_head_dim):
-# measured, not derived. At head dim 128 one combine task a kv group won on every row
-# (Qwen3-0.6B 5-17%, the Llama-3-8B shape 1-5%), at 64 the fold (Llama-3.2-1B, bf16 and
-# int4 / int8 / fp8: 4-7%); place's cost model prefers the combine tasks for all four (NOTES v32)
-FOLD_MAX_HEAD_DIM = 64
 
 
 @dataclass(frozen=True)
@@ -76,13 +71,11 @@ class PassOptions:
     attn_splits: int | None = None    # split-KV shards P per head group; None = from target
     kv_shard_min: int = 128           # derived P never makes shards shorter than this
     combine_per_group: bool = True    # split_kv: one ATTENTION_COMBINE per kv group (else one)
-    # split_kv at batch 1 with one combine over every head (its readers fold it in): at most
-    # this many bytes of partials, all of P's, so that a reader stages them in one round trip
-    # (the cuda backend's staging area); None: no bound
+    # split_kv at batch 1: one combine over every head (its readers fold it in) only where a
+    # reader's x (f32, 1024-aligned) and all of P's partials fit in this many bytes, so that it
+    # stages them in one round trip (the cuda backend's shared memory below the o tile's
+    # preload); else one combine a kv group. None: always the one combine
     fold_partial_bytes: int | None = None
-    # ... and only at head dims up to this (the cuda backend: 64; None: any), else one combine
-    # a kv group
-    fold_max_head_dim: int | None = None
     # split_kv: a derived P at most this (the cuda backend: a task's operand limit less the
     # combine's pos and output and those of the o tile it may be folded into); None: no bound
     max_kv_shards: int | None = None
@@ -109,10 +102,9 @@ class PassOptions:
             # that pays (split_kv): no hop; the attention waits for the k/v projections, not for
             # the cache appends
             from amk.backends.cuda.codegen import MAX_PTRS
-            from amk.backends.cuda.smem import FOLD_STAGE_BYTES
+            from amk.backends.cuda.smem import FOLD_STAGE_TOP
             return PassOptions(target=gpu_target(device), combine_per_group=False,
-                               fold_partial_bytes=FOLD_STAGE_BYTES,
-                               fold_max_head_dim=FOLD_MAX_HEAD_DIM, max_kv_shards=MAX_PTRS - 8,
+                               fold_partial_bytes=FOLD_STAGE_TOP, max_kv_shards=MAX_PTRS - 8,
                                defer_kv_append=True,
                                fuse_rules=DEFAULT_FUSE_RULES + COMBINE_INTO_GEMV)
         if backend == "triton":

@@ -14,10 +14,8 @@ on the cuda options only where the fold pays, below).
 P = opts.attn_splits, or from the target: enough tasks to give every SM one (num_sms // G), but
 no shard shorter than opts.kv_shard_min rows and no more than opts.max_kv_shards (what one
 backend task may merge: 56 on cuda, where 1-2 kv heads at an 8K cache made 64 and failed to
-compile). At batch 1 with the one combine its readers fold in (opts.fold_partial_bytes set), no
-more partials than that many bytes hold (each reader stages them all), and a fold at all only
-if that leaves the shards half the SMs or more and the head dim is at most
-opts.fold_max_head_dim; else one combine a kv group and P from the SMs. P = 1 keeps one exact
+compile). At batch 1 the one combine its readers fold in only where a reader can stage its x and
+all P partials in opts.fold_partial_bytes (fold_fits); else one combine a kv group. P = 1 keeps one exact
 (non-partial) task per group, or the one task as it is on a `whole_ops` target (one launch
 already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
@@ -53,6 +51,15 @@ def shard_count(max_seq: int, groups: int, opts: PassOptions) -> int:
     by_sms = max(1, opts.target.num_sms // max(groups, 1))
     by_len = max(1, max_seq // max(opts.kv_shard_min, 1))
     return max(1, min(by_sms, by_len, opts.max_kv_shards or by_sms))
+
+
+def fold_fits(nh: int, hd: int, P: int, opts: PassOptions) -> bool:
+    """Whether a reader folding batch 1's one combine stages its x (f32 [nh*hd], 1024-aligned)
+    and all P partials (f32 [acc | m | l] a head) in opts.fold_partial_bytes: one round trip.
+    The fold never lowers P: fewer, longer shards cost more than the fold saves (Qwen3-0.6B at
+    context 4096 with P 8, +100 us; the 8B's P 4, +230 us: NOTES v30, v33)."""
+    x = -(-nh * hd * 4 // 1024) * 1024
+    return x + P * nh * (hd + 2) * 4 <= opts.fold_partial_bytes
 
 
 def shard_rows(opts: PassOptions) -> int:
@@ -110,18 +117,9 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         length = int(p.get("kv_len", bufs[t.inputs[1]].shape[-3] - start))
         P = shard_count(length, groups * len(seqs), opts)
         one = B == 1 and not opts.combine_per_group     # one combine, folded into its readers
-        if one and opts.fold_partial_bytes and opts.attn_splits is None:
-            # every reader of the one combine stages all P partials (f32 [acc | m | l] a head):
-            # a fold only where they fit with the shards still on half the SMs or more (fewer
-            # make each shard's rows cost more than the staging saves: the 8B at context 4096
-            # with P 4, +230 us, NOTES v30) and at the head dims where it measured faster
-            # (passes.options.FOLD_MAX_HEAD_DIM); else one combine a kv group
-            fit = opts.fold_partial_bytes // (nh * (hd + 2) * 4)
-            if (fit >= opts.target.num_sms // (2 * groups)
-                    and hd <= (opts.fold_max_head_dim or hd)):
-                P = max(1, min(P, fit))
-            else:
-                one = False
+        if (one and opts.fold_partial_bytes and opts.attn_splits is None
+                and not fold_fits(nh, hd, P, opts)):
+            one = False
         pos = t.inputs[3] if len(t.inputs) > 3 else None
         # the live count needs the runtime pos (and more than one shard); a static window's P
         # is already its count

@@ -170,11 +170,14 @@ def test_one_thousand_repeated_steps_are_identical(kernel, monkeypatch):
     _repeated_steps_are_identical(replace(LLAMA_3_2_1B, n_layers=2, vocab=4096), 256, 100)
 
 
-def test_a_combine_a_kv_group_gives_the_same_result_for_1000_steps():
-    """Head dim 128 at batch 1: one combine task a kv group (not folded into the o tiles), 15
-    live shards of 16 a group."""
-    cfg = replace(QWEN3_0_6B, n_layers=2, vocab=4096)
-    _repeated_steps_are_identical(cfg, 4096, 2000, combines=2 * cfg.n_kv_heads)
+@pytest.mark.parametrize("preset, combines", [("QWEN3_0_6B", 0), ("LLAMA_3_8B", 2 * 8)])
+def test_head_dim_128_split_kv_gives_the_same_result_for_1000_steps(preset, combines):
+    """Head dim 128 at batch 1, 15 live shards of 16 a group: Qwen3-0.6B's 16 partials folded
+    into every o tile (staged from the end of its x, up to the preload), the 8B's larger ones
+    merged by one combine task a kv group."""
+    from amk.models import presets
+    cfg = replace(getattr(presets, preset), n_layers=2, vocab=4096)
+    _repeated_steps_are_identical(cfg, 4096, 2000, combines=combines)
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton"])

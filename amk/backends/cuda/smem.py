@@ -2,10 +2,12 @@
 lowering sizes tiles against it, codegen renders it as AMK_* defines, the runtime launches
 with it).
 
-Kernel v1: one CTA an SM, 512 threads, 196 KiB:
+Kernel v1: one CTA an SM, 512 threads, 212 KiB:
     [0, STAGE_OFF)           work area: x staged as fp32 (XS_MAX floats), sums, the attention
     [STAGE_OFF, SMEM_BYTES)  staging area: the combine's partials and the attention's K/V chunks
     [PRE_OFF, SMEM_BYTES)    the o tile's preloaded rows (the top 64 KiB; preload.py)
+    [x's end, PRE_OFF)       an o tile's folded combine: its partials, staged from the end of
+                             its x (1024-aligned) up to the preload (FOLD_STAGE_TOP)
 Kernel v2 (ring.py): the same 512 threads (its consumers) plus a producer warpgroup, and
     [0, STAGE_OFF)                     the work area, as v1
     [STAGE_OFF, RING_OFF)              the staging area, STAGE_BYTES_V2 (23 KiB: the attention's
@@ -36,14 +38,18 @@ GEMV_SMEM = XS_MAX * 4           # the work area that holds them
 ATTN_SMEM = (8 * 256 + 8 * NTHREADS + 8 * NTHREADS) * 4
 STAGE_OFF = max(GEMV_SMEM, ATTN_SMEM)
 STAGE_BYTES = 128 << 10
-# 4 KiB more at the top (the deleted weight stream's window; the preload's 64 KiB cover it): the
-# 196 KiB of the 227 KiB a CTA may have that every measured version ran with
-SMEM_BYTES = STAGE_OFF + STAGE_BYTES + 4096
+# 4 KiB more at the top (the deleted weight stream's window; the preload's 64 KiB cover it),
+# and 16 KiB more so that an o tile's fold stages 16 partials of the 1B's and Qwen3-0.6B's
+# shapes (135 KB / 133 KB) between its x and the preload: 212 KiB of the 227 KiB a CTA may
+# have. 196 KiB + 10 KiB of static variables already took the largest carveout (228 KiB),
+# so the L1 is the same size.
+SMEM_BYTES = STAGE_OFF + STAGE_BYTES + 4096 + 16384
 PRE_OFF = SMEM_BYTES - 65536     # preload.py's o-tile rows: the top 64 KiB
-# What an o tile's folded combine may stage below that preload (op_combine's staged path: one
-# bulk copy a partial, one round trip): split_kv keeps batch 1's partials within it
-# (PassOptions.fold_partial_bytes); more took combine_direct, 13 us a task (NOTES v22)
-FOLD_STAGE_BYTES = PRE_OFF - STAGE_OFF
+# An o tile's folded combine stages every partial (op_combine's staged path: one bulk copy a
+# partial, one round trip) from the end of its x up to this: split_kv folds batch 1's combine
+# only where all of P's partials fit (PassOptions.fold_partial_bytes); more took combine_direct,
+# 13 us a task (NOTES v22)
+FOLD_STAGE_TOP = PRE_OFF
 
 # v2. The 227 KiB an H100/H200 CTA may have, less 12 KiB for the static variables (10 KiB in
 # v1, padded to 1024; tests/backends/cuda/test_cuda_compile.py checks the sum).

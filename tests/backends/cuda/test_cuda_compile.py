@@ -240,8 +240,8 @@ def test_qwen3_q_k_norms_fold_into_the_attention_and_its_kernel_spills_nowhere()
     """Qwen3's per-head q/k RMSNorms (fuse rule RMSNORM -> ROPE) end inside the staged
     attention (folds.norm_into_attention: QKN, the weights as inputs before the inverse
     frequencies), not as steps of their own; the 2-layer kernel at an 8K cache (16 shards a kv
-    head and a combine task each: head dim 128 is not folded, passes.options.FOLD_MAX_HEAD_DIM)
-    compiles for sm_90a without a spill."""
+    head, their one combine folded into every o tile, which stages all 16 partials: split_kv's
+    fold_fits) compiles for sm_90a without a spill."""
     from amk.backends.cuda.lower import fold_program
     from amk.models.presets import QWEN3_0_6B
     cfg = replace(QWEN3_0_6B, n_layers=2, vocab=4096, max_seq=8192)
@@ -249,6 +249,7 @@ def test_qwen3_q_k_norms_fold_into_the_attention_and_its_kernel_spills_nowhere()
     attn = [ft for ft in fold_program(prog).tasks
             if any(e.is_fn("op_attention_smem") for e, _, _ in ft.steps)]
     assert len(attn) == 2 * 8 * 16                     # layers x kv heads x shards
+    assert not any(t.op is InstructionKind.ATTENTION_COMBINE for t in prog.tasks)
     for ft in attn:
         (e, args, _), = ft.steps                        # the norms and ropes all folded
         assert e.variant.arg("qkn") is True and e.ip["Q_ROPE"] and e.ip["K_ROPE"]

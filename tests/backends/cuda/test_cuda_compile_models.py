@@ -35,7 +35,7 @@ def assert_cubin(low):
     ("llama-3.2-1b shape", replace(LLAMA_3_2_1B, max_seq=1088), "meta", None),
     # two kv heads at an 8K cache: 64 shards a head made a 66-operand combine (max_kv_shards)
     ("tiny-llama at an 8K cache", replace(TINY_LLAMA, max_seq=8192), "meta", None),
-    # head dim 128: batch 1's combine a task a kv group, not folded (FOLD_MAX_HEAD_DIM)
+    # head dim 128 at an 8K cache: the o tiles' fold stages 16 partials of 8.3 KB
     ("qwen3-0.6b shape", replace(QWEN3_0_6B, n_layers=2, max_seq=8192), "meta", None),
 ])
 def test_model_decode_steps_compile_for_sm90a(name, cfg, device, fmt):

@@ -410,7 +410,7 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 // (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
 // copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
 // consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
-// rows may be landing above it (preload.py). Under v2 below the ring, from the end of x when TO_SMEM.
+// rows may be landing above it (preload.py); under v2 below the ring. TO_SMEM from the end of x.
 // HDC, NPC: the head dim and the number of partials, template constants (encoders.py): the
 // per-output index math and the loops over partials compile to shifts and straight code. Only
 // the first np <= NPC (the live shards, comb_live) are copied and merged: the loops keep NPC
@@ -424,14 +424,15 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int n = B * hc * hd;
   const int rb = (hd + 2) * (int)sizeof(TP);                // bytes of one head's [acc | m | l]
   const int v0 = h0 * rb / 16, span = ((h0 + hc) * rb + 15) / 16 - v0;   // its heads' vectors
+  // a combine into x (the fold) stages from its x's end (1024-aligned), in the work area, up to
+  // the preload (v2: the ring); others in the staging area (smem.py)
 #if AMK_KERNEL_V2
-  // v2: the staging area is small (the ring above it: smem.py); a combine into x stages from its
-  // x's end (1024-aligned), in the work area, up to the ring
-  const int st_off = to_smem ? (((h0 + hc) * hd * 4 + 1023) & ~1023) : AMK_STAGE_OFF;
-  const int st_room = AMK_RING_OFF - st_off;
+  const int top = AMK_RING_OFF;
 #else
-  const int st_off = AMK_STAGE_OFF, st_room = AMK_PRE ? AMK_PRE_OFF - AMK_STAGE_OFF : AMK_STAGE_BYTES;
+  const int top = AMK_PRE ? AMK_PRE_OFF : AMK_STAGE_OFF + AMK_STAGE_BYTES;
 #endif
+  const int st_off = to_smem ? (((h0 + hc) * hd * 4 + 1023) & ~1023) : AMK_STAGE_OFF;
+  const int st_room = top - st_off;
   bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0 && (long long)np * span * 16 <= st_room;
   for (int p = 0; p < np && staged; p++) staged = ((unsigned long long)P[p] & 15ull) == 0;
   if (staged) {
