@@ -67,11 +67,11 @@ def kernel() -> str:
 
 
 def preload_bytes() -> int:
-    """AMK_PRELOAD: bytes of an o-projection tile's weight rows (a GEMV task that starts with the
-    split-KV combine) that the CUDA kernel copies into shared memory while the task before it
-    runs (one bulk copy a matrix: from the staged attention once its own loads are issued, else
-    when that task ends), so the o tile's GEMV reads them from there (cuda/preload.py, NOTES
-    v11). 0 = off; at most 65536 (the area at the top of shared memory); default 65536."""
+    """AMK_PRELOAD: bytes of a batch-1 GEMV tile's first weight rows (q/k/v, o, gate/up, down,
+    the LM head) that the CUDA kernel copies into shared memory while the task before it runs
+    (one bulk copy a matrix: from the staged attention once its own loads are issued, else when
+    that task ends), so the tile's GEMV reads them from there (cuda/preload.py, NOTES v11, v35).
+    0 = off; at most 65536 (the area at the top of shared memory); default 65536."""
     n = _int("AMK_PRELOAD", 65536)
     if not 0 <= n <= 65536 or n % 16:
         raise ValueError(f"AMK_PRELOAD={n}: expected a multiple of 16 in 0..65536")

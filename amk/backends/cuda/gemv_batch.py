@@ -47,8 +47,8 @@ WINDOWS_MAX = 4                  # a window is two barriers and an x staging (~2
 # with windows wherever they ranked first, 1B batch 64 (32 rows a pass), Qwen3 and int8 at
 # batch 16 were slower (NOTES v27)
 NORM_WINDOWS_NB_MAX = 2
-# The 196 KiB the CTA had before the fold's room (smem.py): the o tile's preload (the top 64 KiB,
-# preload.py) is issued when the task before the o tile ends (or from its attention), so no
+# The 196 KiB the CTA had before the fold's room (smem.py): a batch-1 GEMV's preload (the top
+# 64 KiB, preload.py) is issued when the task before it ends (or from its attention), so no
 # op_gemv_mma task runs while it is in flight or read. A larger budget (rings a stage deeper,
 # 215 KiB) measured level or slower (NOTES v27).
 BUDGET = 196 << 10

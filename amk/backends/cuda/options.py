@@ -16,7 +16,7 @@ KERNELS = ("v1", "v2")
 @dataclass(frozen=True)
 class CudaOptions:
     kernel: str = "v1"              # "v1" | "v2": v2 adds a producer warpgroup and its weight ring (ring.py)
-    preload_bytes: int = 65536      # an o tile's weight bytes preloaded into smem (preload.py); 0 off;
+    preload_bytes: int = 65536      # a GEMV tile's weight bytes preloaded into smem (preload.py); 0 off;
                                     #   v1 only (v2's ring streams every tile's weights)
     spin_ns: int = 128              # longest sleep between two polls of a counter
     counter_stride: int = 1         # 4-byte words between two counters in device memory

@@ -1,10 +1,13 @@
-"""The preload fold: the first weight rows of an o-projection tile (a task that starts with a
-split-KV combine) are copied into shared memory by the task before it in the queue.
+"""The preload fold: the first weight rows of a batch-1 GEMV tile (q/k/v, o, gate/up, down,
+the LM head: a task whose first step, or the step after its split-KV combine, is an
+op_gemv_direct of read-only float weights) are copied into shared memory by the task before it
+in the queue. The quantized op_gemv_qdirect reads none: its preload lost (NOTES v35).
 
 The copy starts from the staged attention right after it has issued its own loads
-(op_attention_smem), else when that task ends. The combine's wait for the attention is the
-layer's long idle of the HBM and of the SM's ingress, so the rows land before any of the task's
-own loads (a copy issued at the task's start delays the combine's loads behind it: NOTES v11).
+(op_attention_smem), else when that task ends (after its release). The hand-off to the next
+stage (the release, the poll, x and its norm) leaves the HBM and the SM's ingress idle, so the
+rows land while the task waits rather than after its x is staged (a copy issued at the task's
+own start delays its loads behind it: NOTES v11). Before v34 only the o tiles preloaded.
 """
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ from amk.backends.cuda.steps import FoldedTask
 def preload(ft: FoldedTask, cap: int) -> FoldedTask:
     """The first PRE rows of each matrix of the task's op_gemv_direct step (as many as `cap`
     bytes hold; whole row pairs for one matrix), which then reads them from shared memory (ip
-    PRE), when the task starts with a combine and its weights are read-only: ft.preload holds
-    their ranges (ref, byte offset, bytes). Nothing to preload: ft unchanged."""
+    PRE), when that step is the task's first or follows its combine (the steps before it stay
+    below AMK_PRE_OFF) and its weights are read-only: ft.preload holds their ranges (ref, byte
+    offset, bytes). Nothing to preload: ft unchanged."""
     steps = ft.steps
-    if not cap or not steps or steps[0][0].op != int(K.ATTENTION_COMBINE):
+    if not cap or not steps:
         return ft
-    i = next((i for i, (e, _, _) in enumerate(steps) if e.is_fn("op_gemv_direct")), None)
-    if i is None:
+    i = 1 if steps[0][0].op == int(K.ATTENTION_COMBINE) else 0
+    if i >= len(steps) or not steps[i][0].is_fn("op_gemv_direct"):
         return ft
     enc, args, outs = steps[i]
     ws = args[1:1 + enc.variant.arg("nmat")]

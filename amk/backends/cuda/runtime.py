@@ -281,7 +281,7 @@ class CudaProgram:
         code, task, value = int(st["fault"]), int(st["fault_task"]), int(st["fault_value"])
         if code == abi.FAULT_COPY:
             raise BackendUnavailable(
-                "megakernel fault: a bulk copy into shared memory (an o tile's preload, a "
+                "megakernel fault: a bulk copy into shared memory (a GEMV tile's preload, a "
                 "combine's partials or kernel v2's weight ring) did not land within "
                 "AMK_WATCHDOG_S; AMK_PRELOAD=0 turns the preload off, AMK_KERNEL=v1 the ring (the "
                 "combine's copies have no switch); report the program")

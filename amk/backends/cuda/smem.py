@@ -5,7 +5,7 @@ with it).
 Kernel v1: one CTA an SM, 512 threads, 212 KiB:
     [0, STAGE_OFF)           work area: x staged as fp32 (XS_MAX floats), sums, the attention
     [STAGE_OFF, SMEM_BYTES)  staging area: the combine's partials and the attention's K/V chunks
-    [PRE_OFF, SMEM_BYTES)    the o tile's preloaded rows (the top 64 KiB; preload.py)
+    [PRE_OFF, SMEM_BYTES)    a GEMV tile's preloaded rows (the top 64 KiB; preload.py)
     [x's end, PRE_OFF)       an o tile's folded combine: its partials, staged from the end of
                              its x (1024-aligned) up to the preload (FOLD_STAGE_TOP)
 Kernel v2 (ring.py): the same 512 threads (its consumers) plus a producer warpgroup, and
@@ -44,7 +44,7 @@ STAGE_BYTES = 128 << 10
 # have. 196 KiB + 10 KiB of static variables already took the largest carveout (228 KiB),
 # so the L1 is the same size.
 SMEM_BYTES = STAGE_OFF + STAGE_BYTES + 4096 + 16384
-PRE_OFF = SMEM_BYTES - 65536     # preload.py's o-tile rows: the top 64 KiB
+PRE_OFF = SMEM_BYTES - 65536     # preload.py's GEMV rows: the top 64 KiB
 # An o tile's folded combine stages every partial (op_combine's staged path: one bulk copy a
 # partial, one round trip) from the end of its x up to this: split_kv folds batch 1's combine
 # only where all of P's partials fit (PassOptions.fold_partial_bytes); more took combine_direct,

@@ -108,38 +108,57 @@ def _one_layer_1b(options=CudaOptions()):
     return prog, lower_program(prog, options=options)
 
 
-def test_the_o_projection_tiles_are_preloaded_by_the_task_before_them():
-    """preload.py: each o tile (a task that starts with the split-KV combine) has its whole
-    64 KiB weight tile copied into shared memory by the task before it in its queue (the
-    attention, or a q/k/v tile): those carry the ranges (n_pre from pre_begin), and the o tile's GEMV step reads PRE = all 16 rows from there."""
+def _gemv_step(low, j):
+    """Task j's op_gemv_direct step (its own descriptor, or the one after its combine)."""
+    t = low.tasks[j]
+    if int(t["op"]) != int(K.FUSED):
+        return t
+    steps = low.tasks[t["sub_begin"]:t["sub_begin"] + t["n_sub"]]
+    ops = [int(s["op"]) for s in steps]
+    return steps[1] if ops[0] == int(K.ATTENTION_COMBINE) else steps[0]
+
+
+def test_every_gemv_tile_is_preloaded_by_the_task_before_it():
+    """preload.py: every batch-1 GEMV tile (q/k/v, o after its combine, gate/up, down, the LM
+    head) that has a task before it in its queue gets its first rows, up to 64 KiB, copied into
+    shared memory by that task: the task before carries the ranges (n_pre from pre_begin), one
+    a matrix, and the tile's GEMV step reads PRE rows of each from there. The o tiles' whole
+    64 KiB tile (16 rows of 4 KiB), gate/up 8 rows of each matrix, down 4 rows of 16 KiB."""
     prog, low = _one_layer_1b()
-    pre_ip, gemv_ip = abi.ip_index("GEMV", "PRE"), abi.ip_index("GEMV", "N_OFF")
-    before, preloaded = set(), 0
+    pre_ip, off_ip = abi.ip_index("GEMV", "PRE"), abi.ip_index("GEMV", "N_OFF")
+    kinds, targets = set(), set()
     for q in low.queues:
         for i, j in zip(q, q[1:]):
+            g = _gemv_step(low, j)
+            pr = int(g["ip"][pre_ip]) if int(g["op"]) == int(K.GEMV_TILE) else 0
             d = low.tasks[i]
-            if not int(d["n_pre"]):
+            assert (int(d["n_pre"]) > 0) == (pr > 0)
+            if not pr:
                 continue
-            oj = low.tasks[j]
-            steps = low.tasks[oj["sub_begin"]:oj["sub_begin"] + oj["n_sub"]]
-            assert [int(s["op"]) for s in steps] == [int(K.ATTENTION_COMBINE), int(K.GEMV_TILE)]
-            g = steps[1]
             lo = int(d["pre_begin"])
-            ((ref, off, nb),) = low.ranges[lo:lo + int(d["n_pre"])]
-            assert (int(g["ip"][pre_ip]), off, nb) == (16, int(g["ip"][gemv_ip]) * 4096, 16 * 4096)
-            before.add(prog.tasks[i].name.split(" @")[0][:9])
-            preloaded += 1
-    assert preloaded == 128 and before == {"attention", "linear(pa"}
+            rng = low.ranges[lo:lo + int(d["n_pre"])]
+            row = rng[0][2] // pr
+            assert sum(nb for _, _, nb in rng) <= 65536
+            assert all((off, nb) == (int(g["ip"][off_ip]) * row, pr * row) for _, off, nb in rng)
+            kinds.add((len(rng), pr, row))
+            targets.add(j)
+        first = _gemv_step(low, q[0]) if q else None      # nobody copies for a queue's first task
+        assert first is None or int(first["op"]) != int(K.GEMV_TILE) or int(first["ip"][pre_ip]) == 0
+    assert {(1, 16, 4096),                # o: the whole tile
+            (2, 8, 4096),                 # gate/up: 8 rows of each matrix
+            (1, 4, 16384)} <= kinds       # down: 4 rows of 8192 bf16
+    assert len(targets) > 3 * 128         # o, gate/up, down, the LM head (q/k/v: first in queue)
     gemvs = low.tasks[low.tasks["op"] == int(K.GEMV_TILE)]
-    assert (gemvs["ip"][:, pre_ip] > 0).sum() == 128                    # no other GEMV
+    assert (gemvs["ip"][:, pre_ip] > 0).sum() == len(targets)          # no GEMV reads rows nobody copied
     assert "#define AMK_PRE 1" in render(prog)
 
 
 @pytest.mark.parametrize("preload", [65536, 0])
 def test_only_the_gemv_variants_that_preload_compile_the_preload_path(preload):
     """The template's PRE (the path that reads preloaded rows) is on exactly in the
-    op_gemv_direct variants some descriptor of which has ip PRE > 0: the 1B step's ADD tiles
-    (the o tiles preload; the down tiles share their variant), not q/k/v, gate/up or the LM head."""
+    op_gemv_direct variants some descriptor of which has ip PRE > 0: in a one-layer 1B step the
+    ADD tiles (o, down), gate/up and the LM head, not q/k/v (each the first task of its queue:
+    nobody copies for it)."""
     _, low = _one_layer_1b(CudaOptions(preload_bytes=preload))
     pre = low.tasks["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
     direct = [i for i, v in enumerate(low.variants) if v.fn == "op_gemv_direct"]
@@ -147,7 +166,7 @@ def test_only_the_gemv_variants_that_preload_compile_the_preload_path(preload):
     args = {i: low.variants[i] for i in direct}
     with_path = {i for i in direct if args[i].arg("pre")}              # template argument PRE
     assert with_path == {i for i in direct if pre[low.tasks["variant"] == i].any()}
-    assert len(with_path) == (1 if preload else 0)
+    assert len(with_path) == (3 if preload else 0)
     # RN: a NORM variant's threads hold H / 512 = 4 row elements (2048 wide), not RMS_RN = 8
     assert sorted(a.arg("rn") for a in args.values() if a.arg("norm")) == [4, 4, 4]
 
