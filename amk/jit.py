@@ -174,11 +174,11 @@ class Jitted:
         t1 = time.perf_counter()
         opts = self.options if self.options is not None else PassOptions.for_backend(backend, device)
         debug = knobs.debug()          # the pass and dump knobs, read once per compile
-        program, programs = run_pipeline_cached(graph, opts, knobs.cache_dir(), debug,
-                                                self._compile_ahead(backend, device, opts))
+        program, programs, hit = run_pipeline_cached(graph, opts, knobs.cache_dir(), debug,
+                                                     self._compile_ahead(backend, device, opts))
         t2 = time.perf_counter()
         low = Lowered(graph, program, programs, out_td, opts,
-                      {"trace_s": t1 - t0, "passes_s": t2 - t1, "cache_hit": programs is None},
+                      {"trace_s": t1 - t0, "passes_s": t2 - t1, "cache_hit": hit},
                       backend, self.cuda_options)
         dump_stages(low, knobs.dump_ir_dir(), knobs.print_ir_after(), debug)
         return low

@@ -117,10 +117,14 @@ class _Builder:
         self.last_writer: dict[int, int] = {}     # buffer id -> task id
         self.paths = dict(zip((v.id for v in g.inputs), g.input_paths))
         self.outputs = {v.id for v in g.outputs}
+        self.eqn = -1                             # the equation being lowered (-1: inputs)
+        self.buffer_eqn: list[int] = []           # per buffer, the equation that made it
+        self.task_eqn: list[int] = []             # per task, the equation it lowers
 
     def buffer(self, name: str, kind: BufferKind, var: Var, source: str = "") -> int:
         b = Buffer(len(self.buffers), name, kind, var.aval.dtype, var.aval.shape, source)
         self.buffers.append(b)
+        self.buffer_eqn.append(self.eqn)
         return b.id
 
     def task(self, op: K, ins: list[int], outs: list[int], params: dict, name: str) -> int:
@@ -130,6 +134,7 @@ class _Builder:
         deps = sorted({self.last_writer[b] for b in (*ins, *outs) if b in self.last_writer})
         waits = tuple(Wait(d, 1) for d in deps)
         self.tasks.append(Task(tid, op, tuple(ins), tuple(outs), params, waits, tid, name))
+        self.task_eqn.append(self.eqn)
         for b in outs:
             self.last_writer[b] = tid
         return tid
@@ -152,12 +157,19 @@ def _last_uses(g: Graph) -> dict[int, int]:
 
 
 def lower(g: Graph, opts=None) -> Program:
+    return lower_with_origins(g)[0]
+
+
+def lower_with_origins(g: Graph) -> tuple[Program, list[int], list[int]]:
+    """lower(g), and the index of the equation each task and each buffer came from (-1 for
+    the inputs' buffers): passes/stamp.py maps a layer's tasks by them."""
     b = _Builder(g)
     for v, path, kind in zip(g.inputs, g.input_paths, g.input_kinds):
         b.buf_of[v.id] = b.buffer(path, kind, v, source=path)
     last_use = _last_uses(g)
 
     for i, e in enumerate(g.eqns):
+        b.eqn = i
         name = _task_name(e, b.paths)
         if e.prim == "reshape" and e.outputs[0].aval.shape == e.inputs[0].aval.shape:
             b.buf_of[e.outputs[0].id] = b.buf_of[e.inputs[0].id]
@@ -195,4 +207,5 @@ def lower(g: Graph, opts=None) -> Program:
 
     counters = tuple(Counter(t.id) for t in b.tasks)
     outputs = tuple(b.buf_of[v.id] for v in g.outputs)
-    return Program(tuple(b.buffers), counters, tuple(b.tasks), (), g.name, outputs)
+    return (Program(tuple(b.buffers), counters, tuple(b.tasks), (), g.name, outputs),
+            b.task_eqn, b.buffer_eqn)

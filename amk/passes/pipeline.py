@@ -4,6 +4,10 @@ Every pass is a pure function of (IR, options). At debug >= 1 (AMK_DEBUG, read b
 and handed down) the validator runs after every pass (and timings go to stderr); it always runs
 at the end. Each stage's IR can be printed or dumped (passes/dump.py) or read back from
 `Lowered.stages`. Nothing here reads the environment.
+
+A compile (run_pipeline_cached) runs the passes up to STAMPED_UPTO on three blocks of a step
+whose blocks repeat (a decoder's layers) and stamps the middle one for the others
+(passes/stamp.py: the same program, in a fraction of the time); the rest on the whole program.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from amk.passes.options import PassOptions
 from amk.passes.place import place
 from amk.passes.plan_memory import plan_memory
 from amk.passes.split_kv import split_kv
+from amk.passes.stamp import stamped
 from amk.passes.sync import forget
 from amk.passes.tile import tile
 from amk.program.digest import remember_digest
@@ -40,6 +45,9 @@ PIPELINE: list[tuple[str, Callable]] = [
     ("allocate_counters", allocate_counters),
     ("place", place),
 ]
+# The passes up to this one decide each task from the tasks near it, never from how many blocks
+# there are: stamp.py runs them on three blocks of a repeating step
+STAMPED_UPTO = "fuse"
 
 
 def check(program: Program, after: str) -> None:
@@ -53,23 +61,33 @@ def check(program: Program, after: str) -> None:
 
 def run_pipeline(graph: Graph, opts: PassOptions | None = None,
                  stop_after: str | None = None, debug: int = 0,
-                 ahead: Callable[[Program], None] | None = None) -> dict[str, Program]:
+                 ahead: Callable[[Program], None] | None = None,
+                 stamp: bool = False) -> dict[str, Program]:
     """Run the passes; returns {pass name: program after it}, in pipeline order. debug: the
     AMK_DEBUG level (1 verify and time every pass, 2 print the schedule summary). ahead: called
     with the final program before its final proof (a backend starts its compile there, to run
-    beside the proof); the program is refused all the same if the proof fails."""
+    beside the proof); the program is refused all the same if the proof fails. stamp: the
+    passes up to STAMPED_UPTO stamped where the graph repeats (not at debug >= 1, which checks
+    every pass); their stages are then missing from the result."""
     opts = opts or PassOptions()
     try:
-        return _run(graph, opts, stop_after, debug, ahead)
+        return _run(graph, opts, stop_after, debug, ahead, stamp and debug < 1)
     finally:
         forget()                         # the passes' memos serve only this run
 
 
 def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int,
-         ahead: Callable[[Program], None] | None = None) -> dict[str, Program]:
+         ahead: Callable[[Program], None] | None = None,
+         stamp: bool = False) -> dict[str, Program]:
     stages: dict[str, Program] = {}
     ir = graph
-    for name, fn in PIPELINE:
+    passes = PIPELINE
+    local = [n for n, _ in PIPELINE].index(STAMPED_UPTO) + 1
+    if stamp and stop_after is None:
+        small = stamped(graph, opts, [fn for _, fn in PIPELINE[:local]])
+        if small is not None:
+            ir, passes = small, PIPELINE[local:]
+    for name, fn in passes:
         t0 = time.perf_counter()
         ir = fn(ir, opts)
         dt = time.perf_counter() - t0
@@ -95,24 +113,25 @@ def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int,
 def run_pipeline_cached(graph: Graph, opts: PassOptions | None = None,
                         cache_dir: Path | None = None, debug: int = 0,
                         ahead: Callable[[Program], None] | None = None
-                        ) -> tuple[Program, dict[str, Program] | None]:
-    """(final program, every stage) — or (final program, None) when the disk cache in
-    `cache_dir` had it (None: no disk cache). ahead: as run_pipeline's, on a cache miss."""
+                        ) -> tuple[Program, dict[str, Program] | None, bool]:
+    """(final program, every stage or None, whether the disk cache in `cache_dir` had it
+    (None: no disk cache)). The stages are None after a cache hit or a stamped compile
+    (Lowered.programs reruns the plain pipeline when asked). ahead: as run_pipeline's."""
     from amk.passes import cache
     opts = opts or PassOptions()
     key = cache.cache_key(graph, opts, PIPELINE)
     program = cache.load(cache_dir, key) if cache_dir is not None else None
     if program is not None:
         remember_digest(program, "passes:" + key)
-        return program, None
+        return program, None, True
     def digested(program: Program) -> Program:
         if cache_dir is not None:        # the digest the disk caches key this program by
             remember_digest(program, "passes:" + key)
         return program
 
     stages = run_pipeline(graph, opts, debug=debug,
-                          ahead=None if ahead is None else lambda p: ahead(digested(p)))
+                          ahead=None if ahead is None else lambda p: ahead(digested(p)), stamp=True)
     program = digested(stages[PIPELINE[-1][0]])
     if cache_dir is not None:
         cache.store(cache_dir, key, program)
-    return program, stages
+    return program, (stages if len(stages) == len(PIPELINE) else None), False

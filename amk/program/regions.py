@@ -253,28 +253,51 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
     return reads, writes
 
 
-# _fused_regions once per (recipe object, operand widths, pattern of repeated operands): a
-# decoder's layers repeat each FUSED task over other buffers (the 8B shape: 20.8k tasks). The
-# regions are kept over operand positions and renamed; merged regions of distinct buffers never
-# interact, so renaming then sorting is what merging the renamed regions gives.
+# _fused_regions once per (recipe object, operand widths, pattern of repeated operands, order
+# of the operands' ids): a decoder's layers repeat each FUSED task over other buffers (the 8B
+# shape: 20.8k tasks). The regions are kept over operand positions, sorted as the renamed ones
+# sort (by buffer id first, and the ids are distinct: their order is all the sort needs), so a
+# task's regions are a renaming, no merge and no sort.
 _FUSED = IdentityMemo(limit=100_000)
+# every buffer's (columns, rows) of a buffers tuple (immutable, as a Program's): the FUSED key
+# reads them for each operand of each task, and Buffer.numel is a product each time
+_SHAPES = IdentityMemo(limit=4)
 
 
-def _fused_regions(task: Task, width, rows):
+def _shapes(buffers) -> list[tuple[int, int]] | None:
+    if not isinstance(buffers, tuple):
+        return None
+    return _SHAPES.get(buffers, None, lambda: [(b.cols, buffer_rows(b)) for b in buffers])
+
+
+def _fused_regions(task: Task, width, rows, shapes=None):
     """Union over recipe steps of the regions on external operands (scratch is private)."""
     recipe = task.params.get("recipe")
-    first: dict[int, int] = {}
-    pattern = tuple(first.setdefault(b, len(first)) for b in task.inputs + task.outputs)
-    ids = list(first)
+    operands = task.inputs + task.outputs
+    ids = list(dict.fromkeys(operands))          # distinct, in order of first use
+    if len(ids) == len(operands):
+        pattern = tuple(range(len(ids)))
+    else:
+        at = {b: k for k, b in enumerate(ids)}
+        pattern = tuple(at[b] for b in operands)
+    shape = (tuple(map(shapes.__getitem__, ids)) if shapes is not None
+             else tuple((width(b), rows(b)) for b in ids))
+    rank = tuple(sorted(range(len(ids)), key=ids.__getitem__))
     n_in = len(task.inputs)
-    over = _FUSED.get(recipe, (pattern, tuple((width(b), rows(b)) for b in ids)),
-                      lambda: _fused_regions_over(recipe, pattern[:n_in], pattern[n_in:],
-                                                  lambda k: width(ids[k]), lambda k: rows(ids[k])))
-    return tuple(sorted((Region(ids[r[0]], r[1], r[2], r[3], r[4]) for r in rs), key=_order) for rs in over)
+
+    def compute():
+        over = _fused_regions_over(recipe, pattern[:n_in], pattern[n_in:],
+                                   lambda k: shape[k][0], lambda k: shape[k][1])
+        at = {k: i for i, k in enumerate(rank)}        # operand k's place in id order
+        return tuple(sorted(rs, key=lambda r: (at[r[0]], r[3], r[4], r[1], r[2])) for rs in over)
+
+    over = _FUSED.get(recipe, (pattern, shape, rank), compute)
+    return tuple([Region(ids[k], lo, hi, r0, r1) for k, lo, hi, r0, r1 in rs] for rs in over)
 
 
 def forget_fused_regions() -> None:
     _FUSED.clear()
+    _SHAPES.clear()
 
 
 def _fused_regions_over(recipe, inputs: Sequence[int], outputs: Sequence[int], width, rows):
@@ -321,7 +344,7 @@ def task_regions(task: Task, buffers: Sequence[Buffer] | Mapping[int, Buffer]
         return buffer_rows(buffers[bid])
 
     if task.op is K.FUSED:
-        return _fused_regions(task, width, rows)
+        return _fused_regions(task, width, rows, _shapes(buffers))
     out_width = width(task.outputs[0]) if task.outputs else None
     reads, writes = _op_regions(task.op, task.inputs, task.outputs, task.params, width, rows,
                                 out_width)

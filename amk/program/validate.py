@@ -289,12 +289,16 @@ def _validate(program: Program) -> ValidationResult:
             full[c] = v
         return v
 
+    by_waits: dict[tuple, int] = {}      # the same waits, the same ancestors: one int object
     for t_id in order:
         t = tasks[t_id]
-        a = 0
-        for w in t.waits:
-            if w.threshold >= counters[w.counter].init + len(incr[w.counter]):
-                a |= counter_closure(w.counter)
+        a = by_waits.get(t.waits)
+        if a is None:
+            a = 0
+            for w in t.waits:
+                if w.threshold >= counters[w.counter].init + len(incr[w.counter]):
+                    a |= counter_closure(w.counter)
+            by_waits[t.waits] = a
         anc[t_id] = a
 
     # (1) + (2) coverage and races, over the hazard edges of a sequential order that contains
@@ -317,10 +321,16 @@ def _validate(program: Program) -> ValidationResult:
         return m
 
     conflicts, unwritten = scan_all(bufs, scanned, [regions[i] for i in scan_order])
+    # the tiles of one op share their ancestors (by_waits) and the groups they conflict with:
+    # one bitset operation per (ancestors, group) pair; both objects live until the end
+    unordered: dict[tuple[int, int], int] = {}
     for b, found in zip(scanned, conflicts):
-        not_anc = ~anc[b.id]
+        a = anc[b.id]
         for kind, buffer, lo, hi, group, mask in found:
-            bad = (mask_of(group) if mask is None else mask) & not_anc
+            key = (id(a), id(group))
+            bad = unordered.get(key)
+            if bad is None:
+                bad = unordered[key] = (mask_of(group) if mask is None else mask) & ~a
             if bad:
                 _report_conflict(err, b, kind, bufs[buffer], lo, hi, bad, tasks, counters, incr)
     for t_id, r in unwritten:

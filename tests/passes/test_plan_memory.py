@@ -89,3 +89,26 @@ def test_no_residual_tile_of_a_preset_waits_for_a_kv_append(preset):
     by_counter = {t.out_counter for t in prog.tasks if root_op(t) is K.KV_APPEND}
     waiters = {root_op(t) for t in prog.tasks if any(w.counter in by_counter for w in t.waits)}
     assert waiters <= {K.GEMV_TILE}, waiters
+
+
+def test_renamed_regions_are_the_ones_task_regions_gives():
+    """plan_memory seeds the regions memo with each task's regions renamed (remap_buffers):
+    merged and in task_regions' order, so the final proof, which computes its own, finds the
+    last resync's scan of equal regions (the new ids can sort in another order: 2 tasks of
+    tiny-llama, 1920 of Llama-3-8B, whose proof scanned the whole program again)."""
+    import amk
+    from amk.models.model import Model
+    from amk.models.presets import TINY_LLAMA, random_params
+    from amk.passes.pipeline import run_pipeline
+    from amk.passes.sync import forget, regions_of
+    from amk.program.regions import task_regions
+    model = Model(TINY_LLAMA, random_params(TINY_LLAMA, device="meta"))
+    low = amk.jit(model.fn, backend="cuda", donate=("kv",)).lower(*model.example_args(1))
+    fused = run_pipeline(low.graph, low.options, stop_after="fuse")["fuse"]
+    forget()
+    try:
+        after = plan_memory(fused, low.options)
+        memo = [regions_of(t, after.buffers) for t in after.tasks]
+    finally:
+        forget()
+    assert memo == [task_regions(t, after.buffers) for t in after.tasks]

@@ -197,3 +197,36 @@ def test_an_output_written_by_rows_is_checked_row_by_row():
     p.buffers[3] = p.buffers[3].__class__(3, "y", OUT, DType.F32, (3, 8))
     p.tasks.pop()
     assert validate(p.build().with_(outputs=(3,))).ok
+
+
+def test_fused_regions_memo_renames_in_any_operand_order():
+    """One recipe object over operands whose ids come in other orders, or repeat: the memo
+    (one entry per order of the ids) gives what the union of the steps' regions gives."""
+    from amk.program.ir import Buffer, Task
+    from amk.program.recipe import parse_recipe
+    from amk.program.regions import _fused_regions_over, forget_fused_regions, merge
+    recipe = parse_recipe({"steps": [
+        {"op": int(K.GEMV_TILE), "args": [{"in": 0}, {"in": 1}], "out": 0,
+         "params": {"n_off": 16, "N_tile": 16, "K": 16}, "out_shape": [1, 32],
+         "out_dtype": "float32"},
+        {"op": int(K.ADD), "args": [{"s": 0}, {"in": 2}], "out": "final",
+         "params": {"n_off": 16, "N_tile": 16}}]})
+    shapes = {0: (1, 16), 1: (32, 16), 2: (1, 32), 3: (1, 32), 4: (1, 16), 5: (32, 16),
+              6: (1, 32), 7: (1, 32)}
+    bufs = tuple(Buffer(i, f"b{i}", BufferKind.ACTIVATION, DType.F32, s)
+                 for i, s in sorted(shapes.items()))
+    forget_fused_regions()
+    for ins, outs in (((0, 1, 2), (3,)), ((4, 5, 6), (7,)), ((4, 1, 6), (2,)),
+                      ((0, 5, 3), (3,)), ((4, 1, 2), (2,))):       # (the last two: in place)
+        t = Task(0, K.FUSED, ins, outs, {"recipe": recipe}, (), 0, "")
+        ops = list(dict.fromkeys(ins + outs))
+        over = _fused_regions_over(recipe, [ops.index(b) for b in ins],
+                                   [ops.index(b) for b in outs],
+                                   lambda k: bufs[ops[k]].cols, lambda k: 1)
+        want = tuple(merge([Region(ops[r.buffer], r.lo, r.hi, r.r0, r.r1) for r in rs])
+                     for rs in over)
+        assert task_regions(t, bufs) == want
+        assert task_regions(t, list(bufs)) == want          # no shapes table for a list
+    t = Task(0, K.FUSED, (4, 1, 6), (2,), {"recipe": recipe}, (), 0, "")
+    assert task_regions(t, bufs) == ([Region(1, 0, 16), Region(4, 0, 16), Region(6, 16, 32)],
+                                     [Region(2, 16, 32)])

@@ -166,6 +166,18 @@ def test_threshold_below_incrementers_guarantees_nothing():
     assert errs[0].kind == "coverage" and "t2 ADD" in errs[0].message and "b2 'y'" in errs[0].message
 
 
+def test_tiles_with_the_same_waits_are_each_checked():
+    """Tiles sharing their waits share their ancestors (validate checks each pair of
+    ancestors and group once): each tile that is not ordered is still reported."""
+    p = tiled()
+    one_of = (Wait(0, 1),)
+    _replace_task(p, 2, waits=one_of)
+    _replace_task(p, 3, waits=one_of)
+    assert sorted({e.task for e in errors_of(p.build(), "coverage")}) == [2, 3]
+    _replace_task(p, 2, waits=(Wait(0, 2),))
+    assert {e.task for e in errors_of(p.build())} == {3}
+
+
 def test_threshold_above_reachable():
     p = tiled()
     _replace_task(p, 4, waits=(Wait(1, 3),))

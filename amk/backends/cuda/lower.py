@@ -34,6 +34,7 @@ def fold_program(program: Program, n_ctas: int = 132,
     memo = _FusedMemo()
     tasks = []
     views = [_view(b) for b in program.buffers]       # one View per buffer, shared by its tasks
+    memo.number(views)
     for t in program.tasks:
         ins = [views[b] for b in t.inputs]
         outs = [views[b] for b in t.outputs]
@@ -68,12 +69,21 @@ class _FusedMemo:
 
     def __init__(self):
         self.done = IdentityMemo()
+        self.shape_of: list[int] = []    # buffer id -> a number for its (shape, dtype, kind)
+
+    def number(self, views: list[View]) -> None:
+        """Number each buffer's (shape, dtype, kind) once: a task's kind then hashes ints."""
+        ids: dict[tuple, int] = {}
+        self.shape_of = [ids.setdefault((v.shape, v.dtype, v.kind), len(ids)) for v in views]
 
     def lower(self, t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:
         views = ins + outs
-        first: dict[int, int] = {}
-        kind = (tuple(first.setdefault(v.ref[1], len(first)) for v in views),
-                tuple((v.shape, v.dtype, v.kind) for v in views), scratch % SCRATCH_ALIGN)
+        operands = t.inputs + t.outputs
+        first = list(dict.fromkeys(operands))    # distinct buffers, in order of first use
+        pattern = (tuple(range(len(operands))) if len(first) == len(operands)
+                   else tuple(map(first.index, operands)))
+        kind = (pattern, tuple(map(self.shape_of.__getitem__, operands)),
+                scratch % SCRATCH_ALIGN)
         kind_of = self.done.get(t.params.get("recipe"), kind,
                                 lambda: _LoweredKind(views, scratch, ins, outs, t))
         if kind_of.views is views:               # lowered just now

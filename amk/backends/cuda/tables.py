@@ -42,14 +42,17 @@ def pack(program: Program, folded: Folded) -> Lowered:
     rows: list[dict[str, Any]] = []
     subs: list[dict[str, Any]] = []
     waits: list[tuple[int, int, int]] = []
-    refs: list[tuple[int, int]] = []
+    refs: list[int] = []                  # (kind, id | offset) pairs, flat: one array at the end
     ranges: list[tuple[tuple[int, int], int, int]] = []
 
     def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
         var = -1 if enc.variant is None else variants.setdefault(enc.variant, len(variants))
-        d = dict(op=enc.op, variant=var, ptr_begin=len(refs), n_in=len(ins), n_out=len(outs),
-                 ip=enc.ip, fp=enc.fp, group=enc.group)
-        refs.extend(v.ref for v in ins + outs)
+        d = dict(op=enc.op, variant=var, ptr_begin=len(refs) // 2, n_in=len(ins),
+                 n_out=len(outs), ip=enc.ip, fp=enc.fp, group=enc.group)
+        for v in ins:
+            refs.extend(v.ref)
+        for v in outs:
+            refs.extend(v.ref)
         return d
 
     for ft in folded.tasks:
@@ -63,7 +66,7 @@ def pack(program: Program, folded: Folded) -> Lowered:
                 sd = desc(enc, sins, souts)
                 sd["task_id"] = t.id
                 subs.append(sd)
-            d["n_ptr_all"] = len(refs) - d["ptr_begin"]      # its steps' pointers follow its own
+            d["n_ptr_all"] = len(refs) // 2 - d["ptr_begin"]  # its steps' pointers follow its own
         else:
             enc, sins, souts = ft.steps[0]
             d = desc(enc, sins, souts)
