@@ -7,7 +7,7 @@ The copy starts from the staged attention right after it has issued its own load
 (op_attention_smem), else when that task ends (after its release). The hand-off to the next
 stage (the release, the poll, x and its norm) leaves the HBM and the SM's ingress idle, so the
 rows land while the task waits rather than after its x is staged (a copy issued at the task's
-own start delays its loads behind it: NOTES v11). Before v34 only the o tiles preloaded.
+own start delays its loads behind it: NOTES v11). Before v35 only the o tiles preloaded.
 """
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ __device__ __forceinline__ void raise_fault(KernelState* st, int code, int task,
   if (atomicCAS((int*)&st->fault, 0, code) == 0) { st->fault_task = task; st->fault_value = value; }
 }
 
-// The bulk copies into shared memory (an o tile's preload, a combine's partials) complete on
+// The bulk copies into shared memory (a GEMV tile's preload, a combine's partials) complete on
 // mbarriers; one that never lands raises FAULT_COPY after the watchdog (mbar_wait_slow).
 // AMK_INIT_THREAD (not thread 0: thread 0 spins and fences on counters) sets this up.
 #define AMK_INIT_THREAD 32
