@@ -58,7 +58,24 @@ def tiny_hf(config, seed=0):
 
 @pytest.mark.parametrize("case", list(cases()))
 def test_greedy_tokens_and_logits_match_transformers(case):
-    hf = tiny_hf(cases()[case]())
+    _assert_matches_transformers(case, tiny_hf(cases()[case]()))
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen2_window"])
+def test_eight_layer_models_compile_stamped_and_match_transformers(case, monkeypatch):
+    """With 8 layers the compile stamps its local passes (passes/stamp.py): Gemma 3's layers
+    repeat in pairs (sliding, full), Qwen2's first layer is unlike the others (max_window_layers
+    1); the stamped programs still give transformers' logits and tokens."""
+    from amk.passes import pipeline
+    used = []
+    real = pipeline.stamped
+    monkeypatch.setattr(pipeline, "stamped", lambda *a, **k: used.append(real(*a, **k)) or used[-1])
+    monkeypatch.setitem(COMMON, "num_hidden_layers", 8)
+    _assert_matches_transformers(case, tiny_hf(cases()[case]()))
+    assert used and all(p is not None for p in used)  # every compile (prefill chunk, decode) stamped
+
+
+def _assert_matches_transformers(case, hf):
     ids = torch.randint(3, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     ref_ids, ref_logits = hf_greedy(hf, ids, NEW)
     model = from_hf(hf, max_seq=24)
