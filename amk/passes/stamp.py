@@ -22,11 +22,13 @@ middle twin, a counter of two blocks) raises NoStamp, and the plain pipeline run
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 from amk.graph import Graph
 from amk.passes.lower import lower_with_origins
 from amk.passes.repeat import Repeat, find_repeat, small_graph
+from amk.passes.stamp_check import stamp_mismatches
 from amk.passes.sync import regions_of, remember_regions
 from amk.program.ir import Buffer, Counter, Program, Wait, new_task
 from amk.program.regions import Region
@@ -42,7 +44,24 @@ class NoStamp(Exception):
 
 def stamped(graph: Graph, opts, passes: list[Callable]) -> Program | None:
     """The program `passes` (lower first) give `graph`, from its small graph; None where the
-    graph has no Repeat or the copy does not fit (the caller runs the plain pipeline)."""
+    graph has no Repeat or the copy does not fit (the caller runs the plain pipeline). A copy
+    that touches a graph input its origin does not (stamp_check.py) is a bug: warned, not used."""
+    made = stamp_parts(graph, opts, passes)
+    if made is None:
+        return None
+    stamp, program = made
+    bad = stamp_mismatches(program, stamp.full, stamp.origins, len(graph.inputs))
+    if bad:
+        warnings.warn(f"amk: the stamped program of {graph.name} touches other graph inputs "
+                      f"than the graph (an AMK bug, please report it); the plain pipeline runs:\n"
+                      + "\n".join(bad[:10]), RuntimeWarning, stacklevel=2)
+        return None
+    return program
+
+
+def stamp_parts(graph: Graph, opts, passes: list[Callable]) -> tuple[_Stamp, Program] | None:
+    """The stamp (its whole lowered graph and each task's origin there) and its program,
+    unchecked; None as stamped's."""
     rep = find_repeat(graph)
     if rep is None:
         return None
@@ -51,7 +70,8 @@ def stamped(graph: Graph, opts, passes: list[Callable]) -> Program | None:
     for fn in passes[1:]:
         program = fn(program, opts)
     try:
-        return _Stamp(graph, rep, program, task_eqn, buffer_eqn).program()
+        stamp = _Stamp(graph, rep, program, task_eqn, buffer_eqn)
+        return stamp, stamp.program()
     except NoStamp:
         return None
 
@@ -246,6 +266,7 @@ class _Stamp:
             return out
 
         tasks = []
+        self.origins = []                      # each task's lowered task in self.full
         runs: list[tuple[int, int]] = []       # (first task, end) of each segment's run
         for i, seg in enumerate(self.t_seg):
             if runs and self.t_seg[runs[-1][0]] == seg:
@@ -267,6 +288,7 @@ class _Stamp:
                     remember_regions(new, buffers, (regions(reads, seg, m),
                                                     regions(writes, seg, m)))
                     tasks.append(new)
+                    self.origins.append(first + j)
         try:
             outputs = tuple(lowered_to[b] for b in full.outputs)
         except KeyError:
