@@ -270,16 +270,21 @@ def _shapes(buffers) -> list[tuple[int, int]] | None:
     return _SHAPES.get(buffers, None, lambda: [(b.cols, buffer_rows(b)) for b in buffers])
 
 
+def operand_pattern(operands) -> tuple[list[int], tuple[int, ...]]:
+    """(the distinct buffers of a task's operands, in order of first use; each operand's index
+    among them): two tasks of one recipe with the same pattern alias their operands alike."""
+    ids = list(dict.fromkeys(operands))
+    if len(ids) == len(operands):
+        return ids, tuple(range(len(ids)))
+    at = {b: k for k, b in enumerate(ids)}
+    return ids, tuple(at[b] for b in operands)
+
+
 def _fused_regions(task: Task, width, rows, shapes=None):
     """Union over recipe steps of the regions on external operands (scratch is private)."""
     recipe = task.params.get("recipe")
     operands = task.inputs + task.outputs
-    ids = list(dict.fromkeys(operands))          # distinct, in order of first use
-    if len(ids) == len(operands):
-        pattern = tuple(range(len(ids)))
-    else:
-        at = {b: k for k, b in enumerate(ids)}
-        pattern = tuple(at[b] for b in operands)
+    ids, pattern = operand_pattern(operands)
     shape = (tuple(map(shapes.__getitem__, ids)) if shapes is not None
              else tuple((width(b), rows(b)) for b in ids))
     rank = tuple(sorted(range(len(ids)), key=ids.__getitem__))

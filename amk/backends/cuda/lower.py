@@ -13,6 +13,7 @@ from __future__ import annotations
 from amk.gcpause import without_gc
 from amk.identity_memo import IdentityMemo
 from amk.program.ir import Buffer, InstructionKind as K, Program
+from amk.program.regions import operand_pattern
 from amk.backends.cuda.argmax_fold import ArgmaxFolds
 from amk.backends.cuda.encoders import encode_op
 from amk.backends.cuda.folds import fold_steps
@@ -79,10 +80,7 @@ class _FusedMemo:
     def lower(self, t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:
         views = ins + outs
         operands = t.inputs + t.outputs
-        first = list(dict.fromkeys(operands))    # distinct buffers, in order of first use
-        pattern = (tuple(range(len(operands))) if len(first) == len(operands)
-                   else tuple(map(first.index, operands)))
-        kind = (pattern, tuple(map(self.shape_of.__getitem__, operands)),
+        kind = (operand_pattern(operands)[1], tuple(map(self.shape_of.__getitem__, operands)),
                 scratch % SCRATCH_ALIGN)
         kind_of = self.done.get(t.params.get("recipe"), kind,
                                 lambda: _LoweredKind(views, scratch, ins, outs, t))
