@@ -33,6 +33,7 @@ def fold_program(program: Program, n_ctas: int = 132,
     argmax = ArgmaxFolds(program)
     scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
     memo = _FusedMemo()
+    pre_memo = IdentityMemo()             # preload's PRE steps, once per encoded step
     tasks = []
     views = [_view(b) for b in program.buffers]       # one View per buffer, shared by its tasks
     memo.number(views)
@@ -45,7 +46,8 @@ def fold_program(program: Program, n_ctas: int = 132,
             fused, used = Fused([(encode_op(t, t.op, ins, outs, t.params), ins, outs)], []), 0
         ft = FoldedTask(t, ins, outs, argmax.steps(t, fused.steps, outs), fused.zero)
         # v2's ring streams every tile's weights: no preload (it would be a second copy)
-        ft = mark_ring_steps(ft) if options.kernel == "v2" else preload(ft, options.preload_bytes)
+        ft = mark_ring_steps(ft) if options.kernel == "v2" else preload(ft, options.preload_bytes,
+                                                                      pre_memo)
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
         tasks.append(ft)

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from amk.identity_memo import IdentityMemo
 from amk.program.ir import BufferKind, InstructionKind as K
 from amk.backends.cuda.steps import FoldedTask
 
 
-def preload(ft: FoldedTask, cap: int) -> FoldedTask:
+def preload(ft: FoldedTask, cap: int, memo: IdentityMemo | None = None) -> FoldedTask:
     """The first PRE rows of each matrix of the task's op_gemv_direct step (as many as `cap`
     bytes hold; whole row pairs for one matrix), which then reads them from shared memory (ip
     PRE), when that step is the task's first or follows its combine (the steps before it stay
     below AMK_PRE_OFF) and its weights are read-only: ft.preload holds their ranges (ref, byte
-    offset, bytes). Nothing to preload: ft unchanged."""
+    offset, bytes). Nothing to preload: ft unchanged. memo: one PRE step's Encoded per encoded
+    step and row count, shared by the tasks of a kind (the tables memoise by its ip dict)."""
     steps = ft.steps
     if not cap or not steps:
         return ft
@@ -39,7 +41,8 @@ def preload(ft: FoldedTask, cap: int) -> FoldedTask:
         pr -= pr % 2
     if pr <= 0:
         return ft
-    pre_step = (replace(enc, ip=dict(enc.ip, PRE=pr)), args, outs)
+    with_pre = (lambda: replace(enc, ip=dict(enc.ip, PRE=pr)))
+    pre_step = (with_pre() if memo is None else memo.get(enc, pr, with_pre), args, outs)
     return replace(ft, steps=steps[:i] + [pre_step] + steps[i + 1:],
                    preload=[(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws], preload_step=i)
 

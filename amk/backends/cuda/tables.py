@@ -5,8 +5,6 @@ depends only on the set of variants, never on the number of tasks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 from amk.gcpause import without_gc
@@ -34,113 +32,151 @@ class Lowered:
 
 @without_gc
 def pack(program: Program, folded: Folded) -> Lowered:
-    variants: dict[Variant, int] = {}
     n_inc = np.zeros(len(program.counters), dtype=np.int64)
     for t in program.tasks:
         if t.out_counter is not None and t.out_counter >= 0:
             n_inc[t.out_counter] += 1
-    rows: list[dict[str, Any]] = []
-    subs: list[dict[str, Any]] = []
+    rows, subs = _Rows(), _Rows()          # program tasks, then the FUSED tasks' steps
+    encs = _Encodings()
     waits: list[tuple[int, int, int]] = []
     refs: list[int] = []                  # (kind, id | offset) pairs, flat: one array at the end
     ranges: list[tuple[tuple[int, int], int, int]] = []
 
-    def desc(enc: Encoded, ins: list[View], outs: list[View]) -> dict[str, Any]:
-        var = -1 if enc.variant is None else variants.setdefault(enc.variant, len(variants))
-        d = dict(op=enc.op, variant=var, ptr_begin=len(refs) // 2, n_in=len(ins),
-                 n_out=len(outs), ip=enc.ip, fp=enc.fp, group=enc.group)
+    def desc(into: _Rows, enc: Encoded, ins: list[View], outs: list[View], task_id: int) -> int:
+        into.add(encs.of(enc), len(refs) // 2, len(ins), len(outs), task_id)
         for v in ins:
             refs.extend(v.ref)
         for v in outs:
             refs.extend(v.ref)
-        return d
+        return len(into.op) - 1
 
+    n_counters = len(program.counters)
     for ft in folded.tasks:
         t = ft.task
         if t.op == K.FUSED and not ft.one:
-            d = desc(Encoded(int(t.op), None), ft.ins, ft.outs)
-            d["sub_begin"], d["n_sub"] = len(subs), len(ft.steps)
-            d["zero_begin"], d["n_zero"] = len(ranges), len(ft.zero)
+            i = desc(rows, _FUSED_ENC, ft.ins, ft.outs, t.id)
+            rows.sub_begin[i], rows.n_sub[i] = len(subs.op), len(ft.steps)
+            rows.zero_begin[i], rows.n_zero[i] = len(ranges), len(ft.zero)
             ranges.extend(((REF_SCRATCH, o), 0, n) for o, n in ft.zero)
             for enc, sins, souts in ft.steps:
-                sd = desc(enc, sins, souts)
-                sd["task_id"] = t.id
-                subs.append(sd)
-            d["n_ptr_all"] = len(refs) // 2 - d["ptr_begin"]  # its steps' pointers follow its own
+                desc(subs, enc, sins, souts, t.id)
+            rows.n_ptr_all[i] = len(refs) // 2 - rows.ptr_begin[i]  # its steps' pointers follow
         else:
             enc, sins, souts = ft.steps[0]
-            d = desc(enc, sins, souts)
-            d["n_ptr_all"] = d["n_in"] + d["n_out"]
-        d["task_id"] = t.id
-        d["wait_begin"], d["n_waits"] = len(waits), len(t.waits)
+            i = desc(rows, enc, sins, souts, t.id)
+            rows.n_ptr_all[i] = rows.n_in[i] + rows.n_out[i]
+        rows.wait_begin[i], rows.n_waits[i] = len(waits), len(t.waits)
         for w in t.waits:
-            if not 0 <= w.counter < len(program.counters):
+            if not 0 <= w.counter < n_counters:
                 fail(t, f"waits on counter {w.counter}, which does not exist")
             waits.append((w.counter, w.threshold, int(n_inc[w.counter])))
-        d["out_counter"] = t.out_counter if t.out_counter is not None else -1
-        rows.append(d)
+        rows.out_counter[i] = t.out_counter if t.out_counter is not None else -1
 
     for q in folded.queues:       # each preload's ranges go to the task before it in its queue
         for k, j in enumerate(q):
             if k > 0 and folded.tasks[j].preload:
-                d = rows[q[k - 1]]
-                d["pre_begin"], d["n_pre"] = len(ranges), len(folded.tasks[j].preload)
+                i = q[k - 1]
+                rows.pre_begin[i], rows.n_pre[i] = len(ranges), len(folded.tasks[j].preload)
                 ranges.extend(folded.tasks[j].preload)
-    n_prog = len(rows)
-    for s in subs:
-        s["wait_begin"], s["n_waits"], s["out_counter"] = 0, 0, -1
-    for d in rows:
-        if d.get("n_sub"):
-            d["sub_begin"] += n_prog
-    table = _table(rows + subs, waits)
+    n_prog = len(rows.op)
+    rows.sub_begin = [b + n_prog if n else b for b, n in zip(rows.sub_begin, rows.n_sub)]
+    subs.out_counter = [-1] * len(subs.op)
+    table = _table(rows, subs, waits)
     wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
     if waits:
         wt["counter"], wt["threshold"], wt["stride"] = _columns(
             [(c, th & 0xFFFFFFFF, st) for c, th, st in waits], 3)
-    return Lowered(variants=_with_pre(list(variants), table), tasks=table, n_program_tasks=n_prog,
-                   waits=wt, ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2),
+    return Lowered(variants=_with_pre(encs.variants(), table), tasks=table,
+                   n_program_tasks=n_prog, waits=wt,
+                   ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2),
                    ranges=ranges, scratch_bytes=folded.scratch_bytes, queues=folded.queues)
+
+
+_FUSED_ENC = Encoded(int(K.FUSED), None)      # a FUSED task's own descriptor: its steps run
+
+
+class _Encodings:
+    """Each Encoded's descriptor content, once per object (the tasks of a kind share theirs):
+    (op, variant index, ip (slots, values), fp (slots, values)). Variants are numbered in the
+    order the descriptors first name them."""
+
+    def __init__(self):
+        self._variants: dict[Variant, int] = {}
+        self._memo = IdentityMemo()
+
+    def of(self, enc: Encoded) -> tuple:
+        return self._memo.get(enc, None, lambda: self._content(enc))
+
+    def _content(self, enc: Encoded) -> tuple:
+        var = -1 if enc.variant is None else self._variants.setdefault(enc.variant,
+                                                                        len(self._variants))
+        g = enc.group
+        # the slot index of each name (a name the group lacks raises), values cast as they go
+        ip = ([abi.ip_index(g, n) for n in enc.ip], [int(v) for v in enc.ip.values()])
+        fp = ([abi.fp_index(g, n) for n in enc.fp], [float(v) for v in enc.fp.values()])
+        return enc.op, var, ip, fp
+
+    def variants(self) -> list[Variant]:
+        return list(self._variants)
+
+
+class _Rows:
+    """Descriptor columns (TASK_DTYPE's scalar fields, 0 where not set), a row per descriptor,
+    and each row's encoded content for the ip / fp slots."""
+
+    def __init__(self):
+        for f in _FIELDS:
+            setattr(self, f, [])
+        self.content: list[tuple] = []
+
+    def add(self, content: tuple, ptr_begin: int, n_in: int, n_out: int, task_id: int) -> None:
+        self.content.append(content)
+        self.op.append(content[0])
+        self.variant.append(content[1])
+        self.ptr_begin.append(ptr_begin)
+        self.n_in.append(n_in)
+        self.n_out.append(n_out)
+        self.task_id.append(task_id)
+        for f in _ZEROED:
+            getattr(self, f).append(0)
+
+
+_ZEROED = tuple(f for f in _FIELDS if f not in ("op", "variant", "ptr_begin", "n_in", "n_out",
+                                                "task_id"))
 
 
 def _columns(rows: list, n: int) -> list[list]:
     return [list(col) for col in zip(*rows)] if rows else [[] for _ in range(n)]
 
 
-def _table(descs: list[dict[str, Any]], waits: list[tuple[int, int, int]]) -> np.ndarray:
-    """The TASK_DTYPE array of the descriptors, filled a column at a time (a record at a time
-    cost ~1 s for 10^4 tasks)."""
-    table = np.zeros(len(descs), dtype=abi.TASK_DTYPE)
-    if not descs:
+def _table(rows: _Rows, subs: _Rows, waits: list[tuple[int, int, int]]) -> np.ndarray:
+    """The TASK_DTYPE array of the descriptors (rows, then subs), filled a column at a time (a
+    record at a time cost ~1 s for 10^4 tasks)."""
+    n = len(rows.op) + len(subs.op)
+    table = np.zeros(n, dtype=abi.TASK_DTYPE)
+    if not n:
         return table
     for f in _FIELDS:
-        table[f] = [d.get(f, 0) for d in descs]
+        table[f] = getattr(rows, f) + getattr(subs, f)
     # each field's own dtype, so an out-of-range value raises as a record assignment does
-    ip, fp, wc, wt, ws = (np.zeros((len(descs),) + table.dtype[f].shape, table.dtype[f].base)
+    ip, fp, wc, wt, ws = (np.zeros((n,) + table.dtype[f].shape, table.dtype[f].base)
                           for f in ("ip", "fp", "wait_c", "wait_t", "wait_s"))
-    # the parameters as (row, slot, value) triples, then one assignment a table; a descriptor's
-    # slots and values are memoised by its dict (steps of repeated layers share one)
-    rows: dict[str, list] = {"ip": [], "fp": []}
-    at: dict[str, list] = {"ip": [], "fp": []}
-    vals: dict[str, list] = {"ip": [], "fp": []}
-    memo = IdentityMemo()
-    for i, d in enumerate(descs):
-        g = d["group"]
-        for kind, index, cast in (("ip", abi.ip_index, int), ("fp", abi.fp_index, float)):
-            params = d[kind]
-            if not params:
-                continue
-            slots, values = memo.get(params, (kind, g), lambda: (
-                [index(g, name) for name in params], [cast(v) for v in params.values()]))
-            rows[kind] += [i] * len(slots)
-            at[kind] += slots
-            vals[kind] += values
-    for kind, table_of in (("ip", ip), ("fp", fp)):
+    # the parameters as (row, slot, value) triples, then one assignment a table
+    for k, table_of in ((2, ip), (3, fp)):
+        at_rows: list[int] = []
+        at: list[int] = []
+        vals: list = []
+        for i, c in enumerate(rows.content + subs.content):
+            slots, values = c[k]
+            if slots:
+                at_rows += [i] * len(slots)
+                at += slots
+                vals += values
         # np.array of Python numbers in the field's dtype: an out-of-range value still raises
-        table_of[rows[kind], at[kind]] = np.array(vals[kind], dtype=table_of.dtype)
-    for i, d in enumerate(descs):
-        first = waits[d["wait_begin"]:d["wait_begin"] + min(d["n_waits"], abi.INLINE_WAITS)]
-        for k, (c, th, st) in enumerate(first):      # the waits the scheduler polls from smem
-            wc[i, k], wt[i, k], ws[i, k] = c, th & 0xFFFFFFFF, st
+        table_of[at_rows, at] = np.array(vals, dtype=table_of.dtype)
+    for i, (b, nw) in enumerate(zip(rows.wait_begin, rows.n_waits)):
+        for k, (c, th, st) in enumerate(waits[b:b + min(nw, abi.INLINE_WAITS)]):
+            wc[i, k], wt[i, k], ws[i, k] = c, th & 0xFFFFFFFF, st   # polled from smem
     table["ip"], table["fp"] = ip, fp
     table["wait_c"], table["wait_t"], table["wait_s"] = wc, wt, ws
     return table
