@@ -63,6 +63,10 @@ class ArgmaxFolds:
                       for am, (off, tiles, rows) in self.folds.items() for slot, tid in enumerate(tiles)}
         self.patched: set[int] = set()
 
+    def touches(self, t: Task) -> bool:
+        """Whether steps() may change t's steps (a logits tile, an argmax)."""
+        return t.id in self.slots or t.id in self.folds
+
     def steps(self, t: Task, steps, outs: list[View]):
         """A logits tile: its GEMV step with EPI 3 (when it is a plain batch-1 direct GEMV). The
         argmax, once every tile writes a partial: op_argmax_parts over them (else op_argmax)."""

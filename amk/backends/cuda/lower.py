@@ -37,17 +37,21 @@ def fold_program(program: Program, n_ctas: int = 132,
     tasks = []
     views = [_view(b) for b in program.buffers]       # one View per buffer, shared by its tasks
     memo.number(views)
+    ring = options.kernel == "v2"
     for t in program.tasks:
         ins = [views[b] for b in t.inputs]
         outs = [views[b] for b in t.outputs]
-        if t.op == K.FUSED:
-            fused, used = memo.lower(t, ins, outs, scratch)
+        if t.op == K.FUSED and not ring and not argmax.touches(t):
+            # the whole folded task, preload included, once per kind (_LoweredKind.folded)
+            ft, used = memo.folded(t, ins, outs, scratch, options.preload_bytes, pre_memo)
         else:
-            fused, used = Fused([(encode_op(t, t.op, ins, outs, t.params), ins, outs)], []), 0
-        ft = FoldedTask(t, ins, outs, argmax.steps(t, fused.steps, outs), fused.zero)
-        # v2's ring streams every tile's weights: no preload (it would be a second copy)
-        ft = mark_ring_steps(ft) if options.kernel == "v2" else preload(ft, options.preload_bytes,
-                                                                      pre_memo)
+            if t.op == K.FUSED:
+                fused, used = memo.lower(t, ins, outs, scratch)
+            else:
+                fused, used = Fused([(encode_op(t, t.op, ins, outs, t.params), ins, outs)], []), 0
+            ft = FoldedTask(t, ins, outs, argmax.steps(t, fused.steps, outs), fused.zero)
+            # v2's ring streams every tile's weights: no preload (it would be a second copy)
+            ft = mark_ring_steps(ft) if ring else preload(ft, options.preload_bytes, pre_memo)
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
         tasks.append(ft)
@@ -79,16 +83,39 @@ class _FusedMemo:
         ids: dict[tuple, int] = {}
         self.shape_of = [ids.setdefault((v.shape, v.dtype, v.kind), len(ids)) for v in views]
 
-    def lower(self, t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:
-        views = ins + outs
+    def kind(self, t, views: list[View], ins: list[View], outs: list[View],
+             scratch: int) -> _LoweredKind:
         operands = t.inputs + t.outputs
         kind = (operand_pattern(operands)[1], tuple(map(self.shape_of.__getitem__, operands)),
                 scratch % SCRATCH_ALIGN)
-        kind_of = self.done.get(t.params.get("recipe"), kind,
-                                lambda: _LoweredKind(views, scratch, ins, outs, t))
+        return self.done.get(t.params.get("recipe"), kind,
+                             lambda: _LoweredKind(views, scratch, ins, outs, t))
+
+    def lower(self, t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:
+        views = ins + outs
+        return self._lowered(self.kind(t, views, ins, outs, scratch), views, scratch)
+
+    @staticmethod
+    def _lowered(kind_of: _LoweredKind, views: list[View], scratch: int) -> tuple[Fused, int]:
         if kind_of.views is views:               # lowered just now
             return kind_of.fused, kind_of.used
         return kind_of.moved(views, scratch), kind_of.used
+
+    def folded(self, t, ins: list[View], outs: list[View], scratch: int, cap: int,
+               pre_memo: IdentityMemo) -> tuple[FoldedTask, int]:
+        """The task encoded, folded and preloaded (no argmax fold: the caller's), from its
+        kind's first task renamed: preload too reads only the steps' encodings and the
+        operands' kinds and dtypes, which the kind fixes."""
+        views = ins + outs
+        kind_of = self.kind(t, views, ins, outs, scratch)
+        if kind_of.template is None:
+            fused, used = self._lowered(kind_of, views, scratch)
+            ft = preload(FoldedTask(t, ins, outs, fused.steps, fused.zero), cap, pre_memo)
+            kind_of.template = _Template(ft.steps, ft.zero, ft.preload, views, scratch)
+            kind_of.preload_step = ft.preload_step
+            return ft, used
+        steps, zero, pre = kind_of.template.instance(views, scratch)
+        return FoldedTask(t, ins, outs, steps, zero, pre, kind_of.preload_step), kind_of.used
 
 
 class _LoweredKind:
@@ -98,30 +125,46 @@ class _LoweredKind:
     def __init__(self, views: list[View], scratch: int, ins, outs, t):
         self.views, self.scratch = views, scratch
         self.fused, self.used = _lower_and_fold(t, ins, outs, scratch)
-        self.plan = None
+        self.plan: _Template | None = None          # its steps (moved())
+        self.template: _Template | None = None      # its folded, preloaded task (folded())
+        self.preload_step = -1
 
     def moved(self, views: list[View], scratch: int) -> Fused:
         if self.plan is None:
-            # operand position of each view equal to an operand (the last, as a dict keeps),
-            # else after them, the scratch view it is (each distinct one once: equal views
-            # stay one object); every task of the kind has as many operands
-            at = {v: k for k, v in enumerate(self.views)}
-            scratch_views: dict[View, int] = {}
+            self.plan = _Template(self.fused.steps, self.fused.zero, [], self.views, self.scratch)
+        steps, zero, _ = self.plan.instance(views, scratch)
+        return Fused(steps, zero)
 
-            def slot(v: View) -> int:
-                k = at.get(v)
-                return k if k is not None else len(self.views) + scratch_views.setdefault(
-                    v, len(scratch_views))
 
-            self.plan = ([(enc, [slot(v) for v in args], [slot(v) for v in outs_])
-                          for enc, args, outs_ in self.fused.steps], list(scratch_views))
-        steps, old_scratch = self.plan
+class _Template:
+    """Steps with each view as a slot: an operand's position (the last, as a dict keeps: equal
+    operands are one View object), else a scratch view (each distinct one once), moved by the
+    task's scratch offset, as are the zeroed ranges; preloaded ranges name operands' refs.
+    Every task of a kind has as many operands."""
+
+    def __init__(self, steps: list, zero: list, preload: list, views: list[View], scratch: int):
+        at = {v: k for k, v in enumerate(views)}
+        ref_at = {v.ref: k for k, v in enumerate(views)}
+        extra: dict[View, int] = {}
+
+        def slot(v: View) -> int:
+            k = at.get(v)
+            return k if k is not None else len(views) + extra.setdefault(v, len(extra))
+
+        self.steps = [(enc, [slot(v) for v in args], [slot(v) for v in outs])
+                      for enc, args, outs in steps]
+        self.scratch_views, self.scratch, self.zero = list(extra), scratch, zero
+        self.preload = [(ref_at[ref], off, n) for ref, off, n in preload]
+
+    def instance(self, views: list[View], scratch: int) -> tuple[list, list, list]:
+        """(steps, zeroed ranges, preloaded ranges) over these operand views and scratch."""
         delta = scratch - self.scratch
         new = views + [View(v.shape, v.dtype, (REF_SCRATCH, v.ref[1] + delta), None)
-                       for v in old_scratch]
-        return Fused([(enc, [new[k] for k in args], [new[k] for k in outs_])
-                      for enc, args, outs_ in steps],
-                     [(o + delta, n) for o, n in self.fused.zero])
+                       for v in self.scratch_views]
+        return ([(enc, [new[k] for k in args], [new[k] for k in outs])
+                 for enc, args, outs in self.steps],
+                [(o + delta, n) for o, n in self.zero],
+                [(new[k].ref, off, n) for k, off, n in self.preload])
 
 
 def lower_program(program: Program, n_ctas: int = 132,
