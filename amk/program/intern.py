@@ -24,6 +24,7 @@ def interned(program: Program) -> Program:
     params: dict[tuple, object] = {}
     tuples: dict[tuple, tuple] = {}
     texts: dict[int, tuple[object, str]] = {}      # repr of each recipe object, once
+    keys: dict[int, tuple] = {}    # each params object's key, once (stamped layers share one)
 
     def text(v) -> str:
         if not isinstance(v, Recipe):
@@ -34,7 +35,10 @@ def interned(program: Program) -> Program:
         return held[1]
 
     def key(p) -> tuple:       # what repr(p) prints, item by item
-        return (type(p),) + tuple((repr(k), text(v)) for k, v in p.items())
+        got = keys.get(id(p))                     # (the program holds p: its id stays its own)
+        if got is None:
+            got = keys[id(p)] = (type(p),) + tuple((repr(k), text(v)) for k, v in p.items())
+        return got
 
     tasks = tuple(Task(t.id, t.op, tuples.setdefault(t.inputs, t.inputs),
                        tuples.setdefault(t.outputs, t.outputs),
