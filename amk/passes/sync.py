@@ -113,9 +113,18 @@ def reduced_dependencies(program: Program, regions=None) -> list[frozenset[int]]
     filtered: dict[tuple[frozenset[int], int], frozenset[int]] = {}
     unions: dict[tuple[frozenset[int], ...], frozenset[int]] = {}
     out: list[frozenset[int]] = []
+    # the same parts (objects, in order), the same ancestors and result: the tiles of one op
+    # often share theirs (the parts are held by parts_all, so their ids stay theirs)
+    same: dict[tuple[int, ...], tuple[int, frozenset[int]]] = {}
     for t, parts in enumerate(parts_all):
         if not parts:
             out.append(_EMPTY)
+            continue
+        key_parts = tuple(map(id, parts))
+        hit = same.get(key_parts)
+        if hit is not None:
+            anc[t] = hit[0]
+            out.append(hit[1])
             continue
         implied = 0      # ancestors of my dependencies: a dependency in here is redundant
         mine = 0         # my dependencies
@@ -145,6 +154,7 @@ def reduced_dependencies(program: Program, regions=None) -> list[frozenset[int]]
         d = unions.get(k)
         if d is None:
             d = unions[k] = frozenset().union(*kept) if len(kept) != 1 else kept[0]
+        same[key_parts] = (anc[t], d)
         out.append(d)
     return out
 
