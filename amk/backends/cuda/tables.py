@@ -36,52 +36,65 @@ def pack(program: Program, folded: Folded) -> Lowered:
     for t in program.tasks:
         if t.out_counter is not None and t.out_counter >= 0:
             n_inc[t.out_counter] += 1
-    rows, subs = _Rows(), _Rows()          # program tasks, then the FUSED tasks' steps
+    # a tuple of _FIELDS a descriptor: program tasks, then the FUSED tasks' steps; and each
+    # one's encoded content (its ip / fp slots)
+    rows: list[tuple] = []
+    subs: list[tuple] = []
+    contents: list[tuple] = []
+    sub_contents: list[tuple] = []
     encs = _Encodings()
     waits: list[tuple[int, int, int]] = []
     refs: list[int] = []                  # (kind, id | offset) pairs, flat: one array at the end
     ranges: list[tuple[tuple[int, int], int, int]] = []
 
-    def desc(into: _Rows, enc: Encoded, ins: list[View], outs: list[View], task_id: int) -> int:
-        into.add(encs.of(enc), len(refs) // 2, len(ins), len(outs), task_id)
+    def pointers(ins: list[View], outs: list[View]) -> int:
+        begin = len(refs) // 2
         for v in ins:
             refs.extend(v.ref)
         for v in outs:
             refs.extend(v.ref)
-        return len(into.op) - 1
+        return begin
 
-    n_counters = len(program.counters)
+    n_prog, n_counters = len(folded.tasks), len(program.counters)
     for ft in folded.tasks:
         t = ft.task
-        if t.op == K.FUSED and not ft.one:
-            i = desc(rows, _FUSED_ENC, ft.ins, ft.outs, t.id)
-            rows.sub_begin[i], rows.n_sub[i] = len(subs.op), len(ft.steps)
-            rows.zero_begin[i], rows.n_zero[i] = len(ranges), len(ft.zero)
-            ranges.extend(((REF_SCRATCH, o), 0, n) for o, n in ft.zero)
-            for enc, sins, souts in ft.steps:
-                desc(subs, enc, sins, souts, t.id)
-            rows.n_ptr_all[i] = len(refs) // 2 - rows.ptr_begin[i]  # its steps' pointers follow
-        else:
-            enc, sins, souts = ft.steps[0]
-            i = desc(rows, enc, sins, souts, t.id)
-            rows.n_ptr_all[i] = rows.n_in[i] + rows.n_out[i]
-        rows.wait_begin[i], rows.n_waits[i] = len(waits), len(t.waits)
+        wait_begin = len(waits)
         for w in t.waits:
             if not 0 <= w.counter < n_counters:
                 fail(t, f"waits on counter {w.counter}, which does not exist")
             waits.append((w.counter, w.threshold, int(n_inc[w.counter])))
-        rows.out_counter[i] = t.out_counter if t.out_counter is not None else -1
+        out_counter = t.out_counter if t.out_counter is not None else -1
+        n_in, n_out = len(ft.ins), len(ft.outs)
+        if t.op == K.FUSED and not ft.one:
+            c = encs.of(_FUSED_ENC)
+            ptr_begin = pointers(ft.ins, ft.outs)
+            sub_begin, zero_begin = n_prog + len(subs), len(ranges)
+            ranges.extend(((REF_SCRATCH, o), 0, n) for o, n in ft.zero)
+            for enc, sins, souts in ft.steps:
+                e = encs.of(enc)
+                sub_contents.append(e)
+                subs.append((e[0], e[1], 0, 0, -1, pointers(sins, souts), len(sins), len(souts),
+                             0, 0, 0, 0, 0, t.id, 0, 0))
+            # its steps' pointers follow its own
+            rows.append((c[0], c[1], wait_begin, len(t.waits), out_counter, ptr_begin, n_in,
+                         n_out, sub_begin, len(ft.steps), 0, zero_begin, len(ft.zero), t.id,
+                         len(refs) // 2 - ptr_begin, 0))
+        else:
+            enc, sins, souts = ft.steps[0]
+            c = encs.of(enc)
+            n_in, n_out = len(sins), len(souts)
+            rows.append((c[0], c[1], wait_begin, len(t.waits), out_counter,
+                         pointers(sins, souts), n_in, n_out, 0, 0, 0, 0, 0, t.id, n_in + n_out,
+                         0))
+        contents.append(c)
 
+    pre: dict[int, tuple[int, int]] = {}
     for q in folded.queues:       # each preload's ranges go to the task before it in its queue
         for k, j in enumerate(q):
             if k > 0 and folded.tasks[j].preload:
-                i = q[k - 1]
-                rows.pre_begin[i], rows.n_pre[i] = len(ranges), len(folded.tasks[j].preload)
+                pre[q[k - 1]] = (len(ranges), len(folded.tasks[j].preload))
                 ranges.extend(folded.tasks[j].preload)
-    n_prog = len(rows.op)
-    rows.sub_begin = [b + n_prog if n else b for b, n in zip(rows.sub_begin, rows.n_sub)]
-    subs.out_counter = [-1] * len(subs.op)
-    table = _table(rows, subs, waits)
+    table = _table(rows + subs, contents + sub_contents, pre, waits)
     wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
     if waits:
         wt["counter"], wt["threshold"], wt["stride"] = _columns(
@@ -120,44 +133,23 @@ class _Encodings:
         return list(self._variants)
 
 
-class _Rows:
-    """Descriptor columns (TASK_DTYPE's scalar fields, 0 where not set), a row per descriptor,
-    and each row's encoded content for the ip / fp slots."""
-
-    def __init__(self):
-        for f in _FIELDS:
-            setattr(self, f, [])
-        self.content: list[tuple] = []
-
-    def add(self, content: tuple, ptr_begin: int, n_in: int, n_out: int, task_id: int) -> None:
-        self.content.append(content)
-        self.op.append(content[0])
-        self.variant.append(content[1])
-        self.ptr_begin.append(ptr_begin)
-        self.n_in.append(n_in)
-        self.n_out.append(n_out)
-        self.task_id.append(task_id)
-        for f in _ZEROED:
-            getattr(self, f).append(0)
-
-
-_ZEROED = tuple(f for f in _FIELDS if f not in ("op", "variant", "ptr_begin", "n_in", "n_out",
-                                                "task_id"))
-
-
 def _columns(rows: list, n: int) -> list[list]:
     return [list(col) for col in zip(*rows)] if rows else [[] for _ in range(n)]
 
 
-def _table(rows: _Rows, subs: _Rows, waits: list[tuple[int, int, int]]) -> np.ndarray:
-    """The TASK_DTYPE array of the descriptors (rows, then subs), filled a column at a time (a
-    record at a time cost ~1 s for 10^4 tasks)."""
-    n = len(rows.op) + len(subs.op)
+def _table(descs: list[tuple], contents: list[tuple], pre: dict[int, tuple[int, int]],
+           waits: list[tuple[int, int, int]]) -> np.ndarray:
+    """The TASK_DTYPE array of the descriptors (tuples of _FIELDS; pre: a row's pre_begin,
+    n_pre), filled a column at a time (a record at a time cost ~1 s for 10^4 tasks)."""
+    n = len(descs)
     table = np.zeros(n, dtype=abi.TASK_DTYPE)
     if not n:
         return table
+    columns = dict(zip(_FIELDS, map(list, zip(*descs))))
+    for i, (begin, count) in pre.items():
+        columns["pre_begin"][i], columns["n_pre"][i] = begin, count
     for f in _FIELDS:
-        table[f] = getattr(rows, f) + getattr(subs, f)
+        table[f] = columns[f]
     # each field's own dtype, so an out-of-range value raises as a record assignment does
     ip, fp, wc, wt, ws = (np.zeros((n,) + table.dtype[f].shape, table.dtype[f].base)
                           for f in ("ip", "fp", "wait_c", "wait_t", "wait_s"))
@@ -166,7 +158,7 @@ def _table(rows: _Rows, subs: _Rows, waits: list[tuple[int, int, int]]) -> np.nd
         at_rows: list[int] = []
         at: list[int] = []
         vals: list = []
-        for i, c in enumerate(rows.content + subs.content):
+        for i, c in enumerate(contents):
             slots, values = c[k]
             if slots:
                 at_rows += [i] * len(slots)
@@ -174,7 +166,7 @@ def _table(rows: _Rows, subs: _Rows, waits: list[tuple[int, int, int]]) -> np.nd
                 vals += values
         # np.array of Python numbers in the field's dtype: an out-of-range value still raises
         table_of[at_rows, at] = np.array(vals, dtype=table_of.dtype)
-    for i, (b, nw) in enumerate(zip(rows.wait_begin, rows.n_waits)):
+    for i, (b, nw) in enumerate(zip(columns["wait_begin"], columns["n_waits"])):
         for k, (c, th, st) in enumerate(waits[b:b + min(nw, abi.INLINE_WAITS)]):
             wc[i, k], wt[i, k], ws[i, k] = c, th & 0xFFFFFFFF, st   # polled from smem
     table["ip"], table["fp"] = ip, fp
