@@ -111,8 +111,15 @@ def cost_ns(task: Task, buffers: Sequence[Buffer], target: Target = H200,
     (a decoder's layers repeat: the 8B shape's 20.8k tasks have a few hundred costs)."""
     if memo is None or task.op is not K.FUSED:
         return _cost_ns(task, buffers, target)
-    shapes = tuple((buffers[b].shape, buffers[b].dtype) for b in task.inputs + task.outputs)
+    # each buffer's (shape, dtype) numbered once per buffers object (the memo holds it)
+    numbers = memo.get(buffers, None, lambda: _numbered(buffers))
+    shapes = tuple(map(numbers.__getitem__, task.inputs + task.outputs))
     return memo.get(task.params.get("recipe"), shapes, lambda: _cost_ns(task, buffers, target))
+
+
+def _numbered(buffers: Sequence[Buffer]) -> list[int]:
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault((b.shape, b.dtype), len(ids)) for b in buffers]
 
 
 def _cost_ns(task: Task, buffers: Sequence[Buffer], target: Target) -> float:

@@ -28,7 +28,7 @@ from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task,
                             new_task)
 from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Recipe, Step, operand, recipe_of
-from amk.program.regions import Region, merge
+from amk.program.regions import Region, merge, new_region
 
 # Ops cheap enough to recompute in every reader (no weight matrix streamed). A combine reads
 # every partial (P x heads x (hd+2) floats), still cheaper than a task hand-off on a GPU; it is
@@ -247,7 +247,7 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
         if got is None:
             # merged and sorted as task_regions gives them (new ids may sort in another order),
             # so the final proof's scan of its own regions finds the last resync's scan equal
-            got = lists[key] = merge([Region(new_id[r.buffer], r.lo, r.hi, r.r0, r.r1)
+            got = lists[key] = merge([new_region((new_id[r.buffer], r.lo, r.hi, r.r0, r.r1))
                                       for r in regions])
         return got
 

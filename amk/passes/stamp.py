@@ -31,7 +31,7 @@ from amk.passes.repeat import Repeat, find_repeat, small_graph
 from amk.passes.stamp_check import stamp_mismatches
 from amk.passes.sync import regions_of, remember_regions
 from amk.program.ir import Buffer, Counter, Program, Wait, new_task
-from amk.program.regions import Region
+from amk.program.regions import Region, new_region
 
 MARK = "\x1f"
 PRO, FIRST, MID, LAST, EPI = range(5)       # where an object of the small program sits
@@ -260,7 +260,7 @@ class _Stamp:
         def regions(rs: list[Region], seg: int, m: int) -> list[Region]:
             # renamed one to one: merged as before; sorted again only where the order changed
             ids = buffer_ids(tuple([r.buffer for r in rs]), seg, m)
-            out = [Region(b, r.lo, r.hi, r.r0, r.r1) for b, r in zip(ids, rs)]
+            out = [new_region((b, r.lo, r.hi, r.r0, r.r1)) for b, r in zip(ids, rs)]
             if any(a > b for a, b in zip(ids, ids[1:])):
                 out.sort(key=lambda r: (r.buffer, r.r0, r.r1, r.lo, r.hi))
             return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from amk.identity_memo import IdentityMemo
 from amk.program.ir import Buffer, BufferKind, DType, InstructionKind as K, Task
 from amk.program.recipe import parse_recipe, recipe_errors
 from amk.program.regions import NEW_KV, PARTIAL_WRITE, combine_partials
@@ -418,7 +419,18 @@ OPCODES: dict[K, tuple[tuple[int, int], tuple[int, int], Callable[[_Ctx], None]]
 }
 
 
-def check_opcode(task: Task, buffers: Sequence[Buffer]) -> list[str]:
+def check_opcode(task: Task, buffers: Sequence[Buffer],
+                 memo: IdentityMemo | None = None) -> list[str]:
+    """Every message for one task. memo: one the caller keeps for one program; a FUSED task's
+    messages depend only on its recipe object and operand counts (a decoder's layers repeat
+    each recipe), so they are computed once per (recipe, counts)."""
+    if memo is not None and task.op is K.FUSED and isinstance(task.params, Mapping):
+        return memo.get(task.params.get("recipe"), (len(task.inputs), len(task.outputs)),
+                        lambda: _check_opcode(task, buffers))
+    return _check_opcode(task, buffers)
+
+
+def _check_opcode(task: Task, buffers: Sequence[Buffer]) -> list[str]:
     (imin, imax), (omin, omax), check = OPCODES[task.op]
     n_in, n_out = len(task.inputs), len(task.outputs)
     msgs = []

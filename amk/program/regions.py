@@ -10,6 +10,7 @@ does not demand writes nobody needs.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from amk.identity_memo import IdentityMemo
@@ -34,6 +35,11 @@ class Region(NamedTuple):
     def __str__(self) -> str:
         rows = "" if self.every_row else f"rows {self.r0}:{self.r1}, "
         return f"b{self.buffer}[{rows}{self.lo}:{self.hi}]"
+
+
+# A Region from a (buffer, lo, hi, r0, r1) tuple, without the NamedTuple's Python-level
+# __new__: the compile's hot loops build ~10^5 of them (renamed regions of repeated tasks)
+new_region = partial(tuple.__new__, Region)
 
 
 def overlaps(a: Region, b: Region) -> bool:
@@ -297,7 +303,8 @@ def _fused_regions(task: Task, width, rows, shapes=None):
         return tuple(sorted(rs, key=lambda r: (at[r[0]], r[3], r[4], r[1], r[2])) for rs in over)
 
     over = _FUSED.get(recipe, (pattern, shape, rank), compute)
-    return tuple([Region(ids[k], lo, hi, r0, r1) for k, lo, hi, r0, r1 in rs] for rs in over)
+    return tuple([new_region((ids[k], lo, hi, r0, r1)) for k, lo, hi, r0, r1 in rs]
+                 for rs in over)
 
 
 def forget_fused_regions() -> None:

@@ -32,6 +32,7 @@ from typing import Sequence
 
 from amk.errors import ValidationError
 from amk.gcpause import without_gc
+from amk.identity_memo import IdentityMemo
 from amk.program.deps import RAW, WAR, WAW, scan_all
 from amk.program.ir import Buffer, BufferKind, Program, Task
 from amk.program.opcode_checks import READ_ONLY, _b, _t, check_opcode
@@ -213,8 +214,9 @@ def _validate(program: Program) -> ValidationResult:
 
     # (5) opcodes, regions, read-only buffers
     regions: list[tuple[list[Region], list[Region]]] = []
+    checked = IdentityMemo()                 # check_opcode's, once per FUSED recipe
     for t in tasks:
-        for msg in check_opcode(t, bufs):
+        for msg in check_opcode(t, bufs, checked):
             err("opcode", f"{_t(t)}: {msg}", task=t.id)
         try:
             rw = task_regions(t, bufs)

@@ -283,6 +283,23 @@ def test_arity():
     assert errs and errs[0].task == 1 and "takes 1 inputs, got 2" in errs[0].message
 
 
+def test_a_malformed_recipe_shared_by_tasks_is_reported_on_each():
+    """check_opcode's messages are memoised per FUSED recipe object and operand counts: every
+    task holding the recipe is still reported, and a task with other counts is checked anew."""
+    pytest.importorskip("amk.backends.reference.semantics")
+    p = fused()
+    bad = {"steps": [{"op": int(K.ADD), "args": [{"s": 5}, {"in": 9}], "out": "final"}]}
+    for i in range(2):
+        _replace_task(p, i, params={"recipe": bad})
+    errs = errors_of(p.build(), "opcode")
+    assert {e.task for e in errs if "malformed recipe" in e.message} == {0, 1}
+    p = fused()
+    recipe = p.tasks[0].params["recipe"]
+    _replace_task(p, 1, params={"recipe": recipe}, inputs=p.tasks[1].inputs[:2])
+    errs = errors_of(p.build(), "opcode")
+    assert {e.task for e in errs if "malformed recipe" in e.message} == {1}
+
+
 def test_malformed_recipe():
     pytest.importorskip("amk.backends.reference.semantics")
     p = fused()
