@@ -208,8 +208,15 @@ def waits_from_groups(deps: Sequence[Sequence[frozenset[int]]], group: Sequence[
     deps[t] is a list of frozensets (shared objects are looked at once)."""
     per_part: dict[int, frozenset[int]] = {}
     memo: dict[tuple[int, ...], tuple[Wait, ...]] = {}
+    # the same parts (objects, held by deps), the same waits: the tiles of one op share theirs
+    same: dict[tuple[int, ...], tuple[Wait, ...]] = {}
     out = []
     for parts in deps:
+        key_parts = tuple(map(id, parts))
+        w = same.get(key_parts)
+        if w is not None:
+            out.append(w)
+            continue
         gs: set[int] = set()
         for p in parts:
             s = per_part.get(id(p))
@@ -220,6 +227,7 @@ def waits_from_groups(deps: Sequence[Sequence[frozenset[int]]], group: Sequence[
         w = memo.get(key)
         if w is None:
             w = memo[key] = tuple(Wait(g, size[g]) for g in key)
+        same[key_parts] = w
         out.append(w)
     return out
 

@@ -121,11 +121,14 @@ def _topological(n_tasks: int, n_counters: int, incr: list[list[int]], tasks: Se
     counter -> waiter (+ extra task->task edges). Returns (order of task ids, set of stuck tasks)."""
     n = n_tasks
     indeg = [0] * (n + n_counters)
-    for t in tasks:
-        indeg[t.id] = len({w.counter for w in t.waits})
     waiters: list[list[int]] = [[] for _ in range(n_counters)]
+    counters_of: dict[int, tuple] = {}      # id(waits) -> (waits, its counters): tiles share
     for t in tasks:
-        for c in {w.counter for w in t.waits}:
+        got = counters_of.get(id(t.waits))
+        if got is None or got[0] is not t.waits:
+            got = counters_of[id(t.waits)] = (t.waits, {w.counter for w in t.waits})
+        indeg[t.id] = len(got[1])
+        for c in got[1]:
             waiters[c].append(t.id)
     for c in range(n_counters):
         indeg[n + c] = len(incr[c])
