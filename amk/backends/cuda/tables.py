@@ -64,7 +64,6 @@ def pack(program: Program, folded: Folded) -> Lowered:
                 fail(t, f"waits on counter {w.counter}, which does not exist")
             waits.append((w.counter, w.threshold, int(n_inc[w.counter])))
         out_counter = t.out_counter if t.out_counter is not None else -1
-        n_in, n_out = len(ft.ins), len(ft.outs)
         if t.op == K.FUSED and not ft.one:
             c = encs.of(_FUSED_ENC)
             ptr_begin = pointers(ft.ins, ft.outs)
@@ -75,10 +74,10 @@ def pack(program: Program, folded: Folded) -> Lowered:
                 sub_contents.append(e)
                 subs.append((e[0], e[1], 0, 0, -1, pointers(sins, souts), len(sins), len(souts),
                              0, 0, 0, 0, 0, t.id, 0, 0))
-            # its steps' pointers follow its own
-            rows.append((c[0], c[1], wait_begin, len(t.waits), out_counter, ptr_begin, n_in,
-                         n_out, sub_begin, len(ft.steps), 0, zero_begin, len(ft.zero), t.id,
-                         len(refs) // 2 - ptr_begin, 0))
+            # n_ptr_all: its own pointers, then its steps'
+            rows.append((c[0], c[1], wait_begin, len(t.waits), out_counter, ptr_begin,
+                         len(ft.ins), len(ft.outs), sub_begin, len(ft.steps), 0, zero_begin,
+                         len(ft.zero), t.id, len(refs) // 2 - ptr_begin, 0))
         else:
             enc, sins, souts = ft.steps[0]
             c = encs.of(enc)
