@@ -28,7 +28,7 @@ from amk.passes.sync import rebuilt, regions_of, remember_regions, resync
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task,
                             new_task)
 from amk.program.recipe import INPUT, OUTPUT, SCRATCH, Recipe, Step, operand, recipe_of
-from amk.program.regions import Region, merge, new_region
+from amk.program.regions import Region, merge
 
 # Ops cheap enough to recompute in every reader (no weight matrix streamed). A combine reads
 # every partial (P x heads x (hd+2) floats), still cheaper than a task hand-off on a GPU; it is
@@ -231,9 +231,8 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
     """Buffers `keep` (old objects) get ids 0..; every task/output reference goes via new_id."""
     buffers = tuple(Buffer(i, b.name, b.kind, b.dtype, b.shape, b.source)
                     for i, b in enumerate(keep))
-    # the tiles of one op share their operand tuples and (equal) region lists: each renamed once
+    # the tiles of one op share their operand tuples: each renamed once
     ids: dict[tuple[int, ...], tuple[int, ...]] = {}
-    lists: dict[tuple[Region, ...], list[Region]] = {}
 
     def renamed_ids(bs: tuple[int, ...]) -> tuple[int, ...]:
         got = ids.get(bs)
@@ -241,22 +240,8 @@ def remap_buffers(program: Program, new_id: dict[int, int], keep: list[Buffer]) 
             got = ids[bs] = tuple(new_id[b] for b in bs)
         return got
 
-    def renamed(regions: list[Region]) -> list[Region]:
-        key = tuple(regions)
-        got = lists.get(key)
-        if got is None:
-            # merged and sorted as task_regions gives them (new ids may sort in another order),
-            # so the final proof's scan of its own regions finds the last resync's scan equal
-            got = lists[key] = merge([new_region((new_id[r.buffer], r.lo, r.hi, r.r0, r.r1))
-                                      for r in regions])
-        return got
-
     tasks = tuple(rebuilt(t, inputs=renamed_ids(t.inputs), outputs=renamed_ids(t.outputs))
                   for t in program.tasks)
-    # same shapes, renamed buffers: the regions are the old ones renamed (no recomputation)
-    for old, new in zip(program.tasks, tasks):
-        reads, writes = regions_of(old, program.buffers)
-        remember_regions(new, buffers, (renamed(reads), renamed(writes)))
     return program.with_(buffers=buffers, tasks=tasks,
                          outputs=tuple(new_id[b] for b in program.outputs))
 

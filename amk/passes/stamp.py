@@ -29,9 +29,7 @@ from amk.graph import Graph
 from amk.passes.lower import lower_with_origins
 from amk.passes.repeat import Repeat, find_repeat, small_graph
 from amk.passes.stamp_check import stamp_mismatches
-from amk.passes.sync import regions_of, remember_regions
 from amk.program.ir import Buffer, Counter, Program, Wait, new_task
-from amk.program.regions import Region, new_region
 
 MARK = "\x1f"
 PRO, FIRST, MID, LAST, EPI = range(5)       # where an object of the small program sits
@@ -257,14 +255,6 @@ class _Stamp:
                     for w in ws)
             return got
 
-        def regions(rs: list[Region], seg: int, m: int) -> list[Region]:
-            # renamed one to one: merged as before; sorted again only where the order changed
-            ids = buffer_ids(tuple([r.buffer for r in rs]), seg, m)
-            out = [new_region((b, r.lo, r.hi, r.r0, r.r1)) for b, r in zip(ids, rs)]
-            if any(a > b for a, b in zip(ids, ids[1:])):
-                out.sort(key=lambda r: (r.buffer, r.r0, r.r1, r.lo, r.hi))
-            return out
-
         tasks = []
         self.origins = []                      # each task's lowered task in self.full
         runs: list[tuple[int, int]] = []       # (first task, end) of each segment's run
@@ -283,10 +273,6 @@ class _Stamp:
                         buffer_ids(t.outputs, seg, m), t.params, waits(t.waits, seg, m),
                         self._ref(c_ids, self.c_twin, self.c_seg, t.out_counter, seg, m),
                         full.tasks[first + j].name + suffix)
-                    # the later passes' regions, from the small program's (no recomputation)
-                    reads, writes = regions_of(t, p.buffers)
-                    remember_regions(new, buffers, (regions(reads, seg, m),
-                                                    regions(writes, seg, m)))
                     tasks.append(new)
                     self.origins.append(first + j)
         try:

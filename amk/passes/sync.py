@@ -25,25 +25,31 @@ from amk.program.regions import Region, forget_fused_regions, task_regions
 _EMPTY: frozenset[int] = frozenset()
 
 
-# task_regions is the one table of what an op touches, but it costs tens of microseconds a call
-# and every pass needs all ~20k tasks' regions. Passes rebuild tasks with the same params object
+# task_regions is the one table of what an op touches, but it costs microseconds a call and
+# every pass needs all ~20k tasks' regions. Passes rebuild tasks with the same params object
 # (new waits, counters, ids), so regions are memoised by that object plus the operands.
-_REGIONS: dict[tuple, tuple[object, tuple[list[Region], list[Region]]]] = {}
+_REGIONS: dict[tuple, tuple[object, Sequence[Buffer], tuple[list[Region], list[Region]]]] = {}
 _REGIONS_MAX = 400_000
 
 
 def _region_key(task: Task, buffers: Sequence[Buffer]) -> tuple:
     # One params object belongs to one task lineage (passes rebuild a task around the same
-    # object); a pass that renames buffers seeds the renamed regions (remember_regions).
+    # object). The key has no buffers: a pass that renames buffers may seed the renamed
+    # regions (remember_regions); an entry of another buffers sequence serves where the task's
+    # operands have the same shapes in both (a region depends on nothing else of a buffer).
     return (id(task.params), task.op, task.inputs, task.outputs)
+
+
+def _same_shapes(task: Task, a: Sequence[Buffer], b: Sequence[Buffer]) -> bool:
+    return a is b or all(a[x].shape == b[x].shape for x in task.inputs + task.outputs)
 
 
 def regions_of(task: Task, buffers: Sequence[Buffer]) -> tuple[list[Region], list[Region]]:
     """task_regions(task, buffers), memoised (see above)."""
     key = _region_key(task, buffers)
     hit = _REGIONS.get(key)
-    if hit is not None and hit[0] is task.params:
-        return hit[1]
+    if hit is not None and hit[0] is task.params and _same_shapes(task, hit[1], buffers):
+        return hit[2]
     r = task_regions(task, buffers)
     remember_regions(task, buffers, r)
     return r
@@ -53,7 +59,7 @@ def remember_regions(task: Task, buffers: Sequence[Buffer], regions) -> None:
     """Seed the memo (a pass that renames buffers knows the new regions without recomputing)."""
     if len(_REGIONS) > _REGIONS_MAX:
         _REGIONS.clear()
-    _REGIONS[_region_key(task, buffers)] = (task.params, regions)
+    _REGIONS[_region_key(task, buffers)] = (task.params, buffers, regions)
 
 
 def task_region_list(program: Program) -> list[tuple[list[Region], list[Region]]]:

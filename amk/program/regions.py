@@ -11,6 +11,7 @@ does not demand writes nobody needs.
 from __future__ import annotations
 
 from functools import partial
+from itertools import count
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from amk.identity_memo import IdentityMemo
@@ -268,6 +269,14 @@ _FUSED = IdentityMemo(limit=100_000)
 # every buffer's (columns, rows) of a buffers tuple (immutable, as a Program's): the FUSED key
 # reads them for each operand of each task, and Buffer.numel is a product each time
 _SHAPES = IdentityMemo(limit=4)
+# per buffers tuple, each (inputs, outputs) pair's distinct ids and the number of its operand
+# structure (pattern, widths, id order, inputs): the tiles of one op share their operands
+# (Qwen3-0.6B: 675 pairs over 18k tasks), so the structure and its key are built once a pair
+_OPERANDS = IdentityMemo(limit=4)
+# structure -> number, the _FUSED key's rest; numbers are never reused, so an entry of _FUSED
+# or _OPERANDS that outlives this table cannot meet another structure's number
+_STRUCT_NUMBER: dict[tuple, int] = {}
+_NEXT_NUMBER = count()
 
 
 def _shapes(buffers) -> list[tuple[int, int]] | None:
@@ -286,15 +295,40 @@ def operand_pattern(operands) -> tuple[list[int], tuple[int, ...]]:
     return ids, tuple(at[b] for b in operands)
 
 
-def _fused_regions(task: Task, width, rows, shapes=None):
+def _structure(inputs, outputs, shape_of) -> tuple[list[int], tuple]:
+    """(distinct operand ids, (pattern, widths and rows, rank of each id, number of inputs))."""
+    ids, pattern = operand_pattern(inputs + outputs)
+    shape = tuple(map(shape_of, ids))
+    rank = tuple(sorted(range(len(ids)), key=ids.__getitem__))
+    return ids, (pattern, shape, rank, len(inputs))
+
+
+def _operands(task: Task, buffers: tuple, shapes: list) -> tuple[list[int], int, tuple]:
+    """_structure of the task's operands with its number, once per (buffers, operands)."""
+    table = _OPERANDS.get(buffers, None, dict)
+    key = (task.inputs, task.outputs)
+    got = table.get(key)
+    if got is None:
+        ids, struct = _structure(task.inputs, task.outputs, shapes.__getitem__)
+        number = _STRUCT_NUMBER.get(struct)
+        if number is None:
+            if len(_STRUCT_NUMBER) > 100_000:
+                _STRUCT_NUMBER.clear()
+            number = _STRUCT_NUMBER[struct] = next(_NEXT_NUMBER)
+        got = table[key] = (ids, number, struct)
+    return got
+
+
+def _fused_regions(task: Task, width, rows, buffers=None):
     """Union over recipe steps of the regions on external operands (scratch is private)."""
     recipe = task.params.get("recipe")
-    operands = task.inputs + task.outputs
-    ids, pattern = operand_pattern(operands)
-    shape = (tuple(map(shapes.__getitem__, ids)) if shapes is not None
-             else tuple((width(b), rows(b)) for b in ids))
-    rank = tuple(sorted(range(len(ids)), key=ids.__getitem__))
-    n_in = len(task.inputs)
+    shapes = _shapes(buffers)
+    if shapes is not None:
+        ids, number, struct = _operands(task, buffers, shapes)
+    else:
+        ids, struct = _structure(task.inputs, task.outputs, lambda b: (width(b), rows(b)))
+        number = struct
+    pattern, shape, rank, n_in = struct
 
     def compute():
         over = _fused_regions_over(recipe, pattern[:n_in], pattern[n_in:],
@@ -302,7 +336,7 @@ def _fused_regions(task: Task, width, rows, shapes=None):
         at = {k: i for i, k in enumerate(rank)}        # operand k's place in id order
         return tuple(sorted(rs, key=lambda r: (at[r[0]], r[3], r[4], r[1], r[2])) for rs in over)
 
-    over = _FUSED.get(recipe, (pattern, shape, rank), compute)
+    over = _FUSED.get(recipe, number, compute)
     return tuple([new_region((ids[k], lo, hi, r0, r1)) for k, lo, hi, r0, r1 in rs]
                  for rs in over)
 
@@ -310,6 +344,8 @@ def _fused_regions(task: Task, width, rows, shapes=None):
 def forget_fused_regions() -> None:
     _FUSED.clear()
     _SHAPES.clear()
+    _OPERANDS.clear()
+    _STRUCT_NUMBER.clear()
 
 
 def _fused_regions_over(recipe, inputs: Sequence[int], outputs: Sequence[int], width, rows):
@@ -356,7 +392,7 @@ def task_regions(task: Task, buffers: Sequence[Buffer] | Mapping[int, Buffer]
         return buffer_rows(buffers[bid])
 
     if task.op is K.FUSED:
-        return _fused_regions(task, width, rows, _shapes(buffers))
+        return _fused_regions(task, width, rows, buffers)
     out_width = width(task.outputs[0]) if task.outputs else None
     reads, writes = _op_regions(task.op, task.inputs, task.outputs, task.params, width, rows,
                                 out_width)

@@ -92,10 +92,11 @@ def test_no_residual_tile_of_a_preset_waits_for_a_kv_append(preset):
 
 
 def test_renamed_regions_are_the_ones_task_regions_gives():
-    """plan_memory seeds the regions memo with each task's regions renamed (remap_buffers):
-    merged and in task_regions' order, so the final proof, which computes its own, finds the
-    last resync's scan of equal regions (the new ids can sort in another order: 2 tasks of
-    tiny-llama, 1920 of Llama-3-8B, whose proof scanned the whole program again)."""
+    """After plan_memory the regions memo holds task_regions' regions of the renamed tasks
+    (computed, not renamed: an entry of the program before serves only a task whose operands
+    have the same shapes), so the final proof, which computes its own, finds the last resync's
+    scan of equal regions (renamed ones could sort in another order: 2 tasks of tiny-llama,
+    1920 of Llama-3-8B, whose proof scanned the whole program again)."""
     import amk
     from amk.models.model import Model
     from amk.models.presets import TINY_LLAMA, random_params
@@ -112,3 +113,27 @@ def test_renamed_regions_are_the_ones_task_regions_gives():
     finally:
         forget()
     assert memo == [task_regions(t, after.buffers) for t in after.tasks]
+
+
+def test_regions_memo_serves_another_buffers_only_at_the_same_shapes():
+    """regions_of's memo has no buffers in its key: an entry made over other buffers serves a
+    task with the same params and operand ids only where those operands have the same shapes."""
+    from amk.passes.sync import forget, regions_of, remember_regions
+    from amk.program.ir import Buffer, DType, InstructionKind as K, Task
+    from amk.program.regions import task_regions
+
+    def bufs(width):
+        return tuple(Buffer(i, f"b{i}", BufferKind.ACTIVATION, DType.F32, (1, width))
+                     for i in range(3))
+
+    task = Task(0, K.ADD, (0, 1), (2,), {"n_off": 8, "N_tile": 8}, (), 0, "")
+    narrow, same, wide = bufs(16), bufs(16), bufs(32)
+    forget()
+    try:
+        seeded = ([], [])                    # a seed that no computation would give
+        remember_regions(task, narrow, seeded)
+        assert regions_of(task, narrow) is seeded
+        assert regions_of(task, same) is seeded            # another tuple, the same shapes
+        assert regions_of(task, wide) == task_regions(task, wide) != seeded
+    finally:
+        forget()

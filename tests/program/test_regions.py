@@ -230,3 +230,31 @@ def test_fused_regions_memo_renames_in_any_operand_order():
     t = Task(0, K.FUSED, (4, 1, 6), (2,), {"recipe": recipe}, (), 0, "")
     assert task_regions(t, bufs) == ([Region(1, 0, 16), Region(4, 0, 16), Region(6, 16, 32)],
                                      [Region(2, 16, 32)])
+
+
+def test_fused_regions_memo_per_buffers_and_operand_pair():
+    """The per-(buffers, operands) structure memo: the same operand ids over another buffers
+    tuple with other widths, and the same recipe over other operands, each give the regions
+    computed from scratch (the memo forgotten)."""
+    from amk.program.ir import Buffer, Task
+    from amk.program.recipe import parse_recipe
+    from amk.program.regions import forget_fused_regions
+    recipe = parse_recipe({"steps": [
+        {"op": int(K.ADD), "args": [{"in": 0}, {"in": 1}], "out": "final",
+         "params": {"n_off": 8, "N_tile": 8}}]})
+
+    def bufs(width):
+        return tuple(Buffer(i, f"b{i}", BufferKind.ACTIVATION, DType.F32, (1, w))
+                     for i, w in enumerate((width, width, width, 64)))
+
+    cases = [((0, 1), (2,), bufs(16)), ((0, 1), (2,), bufs(32)), ((1, 0), (2,), bufs(16)),
+             ((3, 1), (2,), bufs(16)), ((0, 1), (2,), bufs(16))]
+    fresh = []
+    for ins, outs, b in cases:
+        forget_fused_regions()
+        fresh.append(task_regions(Task(0, K.FUSED, ins, outs, {"recipe": recipe}, (), 0, ""), b))
+    forget_fused_regions()
+    warm = [task_regions(Task(0, K.FUSED, ins, outs, {"recipe": recipe}, (), 0, ""), b)
+            for ins, outs, b in cases]
+    assert warm == fresh
+    assert fresh[3] == ([Region(1, 8, 16), Region(3, 0, 64)], [Region(2, 8, 16)])  # x whole
