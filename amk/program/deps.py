@@ -17,6 +17,7 @@ one list with a running bitmask. `scan` hands out those groups; `dependencies` u
 from __future__ import annotations
 
 from bisect import bisect_right
+from functools import partial
 from typing import Collection, NamedTuple, Sequence
 
 from amk.program.ir import Buffer, BufferKind, Program, Task
@@ -36,6 +37,11 @@ class Conflict(NamedTuple):
     hi: int
     earlier: Collection[int]
     mask: int | None = None
+
+
+# A Conflict from a (kind, buffer, lo, hi, earlier, mask) tuple, without the NamedTuple's
+# Python-level __new__ (a scan of a 20k-task program builds ~10^5)
+new_conflict = partial(tuple.__new__, Conflict)
 
 
 class _Segments:
@@ -129,16 +135,16 @@ class _Columns(_Segments):
             elif self.writer[k] >= 0:
                 writers.add(self.writer[k])
         if readers:
-            out.append(Conflict(WAR, buf, lo, hi, frozenset(readers)))
+            out.append(new_conflict((WAR, buf, lo, hi, frozenset(readers), None)))
         if min_f < nfull:
             key = (min_f, nfull)
             full = self.full_memo.get(key)
             if full is None:
                 ids = self.full[min_f:]
                 full = self.full_memo[key] = (frozenset(ids), bitset(ids) if self.masks else None)
-            out.append(Conflict(WAR, buf, lo, hi, full[0], full[1]))
+            out.append(new_conflict((WAR, buf, lo, hi, full[0], full[1])))
         if writers:
-            out.append(Conflict(WAW, buf, lo, hi, frozenset(writers)))
+            out.append(new_conflict((WAW, buf, lo, hi, frozenset(writers), None)))
 
     def read(self, lo: int, hi: int, t: int) -> None:
         if lo <= 0 and hi >= self.width:
@@ -264,33 +270,48 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
         regions = [task_regions(t, buffers) for t in tasks]
     # Weights, inputs and caches that no task writes can conflict with nothing: not tracked.
     # (Activations are, even if unwritten: their unwritten reads are reported.)
-    written = {r.buffer for _, writes in regions for r in writes}
-    written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
     # A buffer some region names rows of gets a _Grid; every other buffer one column map.
-    by_row = {r.buffer for part in regions for rs in part for r in rs
-              if not r.every_row and r.buffer in written}
-    cols = {b: _Columns(buffers[b].cols, masks) for b in written if b not in by_row}
-    grids = {b: _Grid(buffers[b].cols, buffer_rows(buffers[b]), masks) for b in by_row}
+    written: set[int] = set()
+    rowed: set[int] = set()
+    for reads, writes in regions:
+        for r in writes:
+            written.add(r[0])
+            if r[3] > 0 or r[4] < ALL_ROWS:
+                rowed.add(r[0])
+        for r in reads:
+            if r[3] > 0 or r[4] < ALL_ROWS:
+                rowed.add(r[0])
+    written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
+    by_row = rowed & written
+    # each tracked buffer's map, and whether it is a _Grid (its spans name rows too)
+    maps: dict[int, tuple[_Segments, bool]] = {
+        b: ((_Grid(buffers[b].cols, buffer_rows(buffers[b]), masks), True) if b in by_row
+            else (_Columns(buffers[b].cols, masks), False)) for b in written}
 
-    def lane(r: Region):
-        """(r, the map of r's buffer, the span r names on it: columns, and rows on a _Grid)."""
-        g = grids.get(r.buffer)
-        return (r, cols[r.buffer], (r.lo, r.hi)) if g is None else (r, g, (r.lo, r.hi, r.r0, r.r1))
+    def lanes(rs: list[Region]) -> list[tuple]:
+        """(r, the map of r's buffer, the span r names on it: columns, and rows on a _Grid)
+        for each region of a tracked buffer."""
+        out = []
+        for r in rs:
+            got = maps.get(r[0])
+            if got is not None:
+                out.append((r, got[0], (r[1], r[2], r[3], r[4]) if got[1] else (r[1], r[2])))
+        return out
 
     out: list[list[Conflict]] = []
     for task, (reads, writes) in zip(tasks, regions):
         t = task.id
         found: list[Conflict] = []
-        reads = [lane(r) for r in reads if r.buffer in written]
-        writes = [lane(r) for r in writes]
+        reads = lanes(reads)
+        writes = lanes(writes)
         for r, m, at in reads:
             ws, holes = m.writers(*at)
             if ws:
-                found.append(Conflict(RAW, r.buffer, r.lo, r.hi, ws))
+                found.append(new_conflict((RAW, r[0], r[1], r[2], ws, None)))
             if holes and unwritten is not None:     # a _Columns' holes (lo, hi) are every row
                 unwritten += [(t, Region(r.buffer, *h)) for h in holes]
         for r, m, at in writes:
-            m.overwritten(r.buffer, *at, found)
+            m.overwritten(r[0], *at, found)
         out.append(found)
         # A task's own reads go in before its writes, so a write supersedes them.
         for _, m, at in reads:

@@ -152,6 +152,23 @@ def _topological(n_tasks: int, n_counters: int, incr: list[list[int]], tasks: Se
     return order, stuck
 
 
+def _forward(tasks: Sequence[Task], incr: list[list[int]]) -> bool:
+    """Every wait names a counter whose incrementers all come before the waiter in program
+    order (what allocate_counters builds). Then program order is a topological order of the
+    wait graph, and of the wait graph with queue edges where every queue ascends: what
+    _topological would find, without its walk."""
+    last = [max(ids) if ids else -1 for ids in incr]
+    seen: dict[int, tuple] = {}                 # id(waits) -> (waits, its latest incrementer)
+    for t in tasks:
+        got = seen.get(id(t.waits))
+        if got is None or got[0] is not t.waits:
+            got = seen[id(t.waits)] = (t.waits, max((last[w.counter] for w in t.waits),
+                                                    default=-1))
+        if got[1] >= t.id:
+            return False
+    return True
+
+
 def _cycles(stuck: set[int], tasks: Sequence[Task], incr: list[list[int]],
             extra_pred: dict[int, list[int]] | None = None) -> list[list[int]]:
     """Cycles among stuck tasks: walk back through stuck predecessors until a repeat."""
@@ -255,7 +272,8 @@ def _validate(program: Program) -> ValidationResult:
                     f"step 2)", task=t.id, counter=c.id)
 
     # (4) the wait graph is acyclic
-    order, stuck = _topological(n, m, incr, tasks)
+    forward = _forward(tasks, incr)
+    order, stuck = (list(range(n)), set()) if forward else _topological(n, m, incr, tasks)
     cycles = _cycles(stuck, tasks, incr)
     for cyc in cycles:
         names = " -> ".join(f"t{i}" for i in cyc + cyc[:1])
@@ -279,7 +297,7 @@ def _validate(program: Program) -> ValidationResult:
 
     # per-SM queues: each task exactly once, and all queues consistent with one topological order
     if program.queues:
-        _check_queues(program, incr, stuck, err)
+        _check_queues(program, incr, stuck, err, forward)
 
     # happens-before: ancestor bitsets in topological order (stuck tasks never run; skipped)
     anc = [0] * n
@@ -403,7 +421,7 @@ def _report_conflict(err, b: Task, kind: str, buf: Buffer, lo: int, hi: int, bad
             + f", and they may run at the same time ({kind}); {hint}", task=b.id, buffer=buf.id)
 
 
-def _check_queues(program: Program, incr, stuck, err) -> None:
+def _check_queues(program: Program, incr, stuck, err, forward: bool = False) -> None:
     tasks = program.tasks
     where: dict[int, int] = {}
     for q, queue in enumerate(program.queues):
@@ -414,8 +432,9 @@ def _check_queues(program: Program, incr, stuck, err) -> None:
     missing = [t.id for t in tasks if t.id not in where]
     if missing:
         err("queue", f"{len(missing)} task(s) are in no queue: {missing[:16]}", task=missing[0])
-    if stuck:
-        return
+    if stuck or (forward and all(a < b for queue in program.queues
+                                 for a, b in zip(queue, queue[1:]))):
+        return          # (forward: program order is a topological order of waits and queues)
     succ: dict[int, list[int]] = {}
     pred: dict[int, list[int]] = {}
     for queue in program.queues:

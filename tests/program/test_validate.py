@@ -389,3 +389,47 @@ def test_ten_thousand_tasks_validate():
     _replace_task(p, 5001, waits=(Wait(p.tasks[5001].waits[0].counter, 3),))
     errs = errors_of(p.build())
     assert errs and {e.task for e in errs} == {5001}
+
+
+def test_forward_waits_skip_the_walk_with_the_same_report(monkeypatch):
+    """Where every wait's incrementers come before the waiter (as allocate_counters builds),
+    program order stands for the topological walk, of the waits and of ascending queues: the
+    reports equal the walk's, valid or not; a queue that descends, or a wait on a counter with
+    a later incrementer, takes the walk."""
+    import amk.program.validate as V
+    p = big_program(layers=50)
+    _replace_task(p, 101, waits=(Wait(p.tasks[101].waits[0].counter, 3),))   # a race
+    racy = p.build()
+    diamond_ = diamond().build()
+    programs = [big_program(layers=50).build(), racy, chain().build().with_(queues=((0, 1), (2,))),
+                chain().build().with_(queues=((1, 0), (2,))), diamond_.with_(queues=((1, 2), (3, 0))),
+                diamond_.with_(queues=((0, 2), (1, 3))), tiled().build()]
+    assert [V._forward(q.tasks, _incrementers(q)) for q in programs[:3]] == [True] * 3
+    fast = [V._validate(q).report() for q in programs]
+    monkeypatch.setattr(V, "_forward", lambda tasks, incr: False)
+    assert [V._validate(q).report() for q in programs] == fast
+    assert "race" in fast[1] and "per-SM deadlock" in fast[3] and "per-SM deadlock" in fast[4]
+
+
+def test_a_wait_on_a_counter_with_a_later_incrementer_takes_the_walk():
+    """t2 waits c0 >= 1, which t0 reaches; t3, after t2, also increments c0: not forward,
+    and the walk (every incrementer before the counter) reports the queue (t2, t3)."""
+    import amk.program.validate as V
+    p = Builder("late")
+    x, a, b, y = p.buf("x", (1, 8), IN), p.buf("a", (1, 8)), p.buf("b", (1, 8)), p.buf("y", (1, 8), OUT)
+    c0, c1, c2 = p.counter(), p.counter(), p.counter()
+    p.task(K.COPY, [x], [a], {}, counter=c0, name="t0")
+    p.task(K.COPY, [x], [b], {}, counter=c1, name="t1")
+    p.task(K.GELU, [a], [y], {}, waits=[(c0, 1)], counter=c2, name="t2")
+    p.task(K.COPY, [x], [b], {}, waits=[(c1, 1)], counter=c0, name="t3")
+    prog = p.build()
+    assert not V._forward(prog.tasks, _incrementers(prog))
+    errs = errors_of(prog.with_(queues=((0, 1), (2, 3))), "queue")
+    assert len(errs) == 1 and "t2" in errs[0].message and "t3" in errs[0].message
+
+
+def _incrementers(prog):
+    incr = [[] for _ in prog.counters]
+    for t in prog.tasks:
+        incr[t.out_counter].append(t.id)
+    return incr
