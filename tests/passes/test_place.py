@@ -28,3 +28,50 @@ def test_place_queues(stages):
     assert flat == list(range(len(p.tasks)))
     assert all(list(q) == sorted(q) for q in p.queues)
     assert 1.0 <= placement_balance(p) < 1.5
+
+
+def _place_by_lexsort(program, target):
+    """The placement as it was computed before the per-run heap: every queue's key each task."""
+    import numpy as np
+    from amk.passes.cost import cost_ns
+    from amk.passes.place import FINISH_TIE_NS
+    nq = max(1, min(target.num_sms, len(program.tasks)))
+    free, load = np.zeros(nq), np.zeros(nq)
+    queues = [[] for _ in range(nq)]
+    done, latest = {}, {}
+    init = {c.id: c.init for c in program.counters}
+    for t in program.tasks:
+        ready = 0.0
+        for w in t.waits:
+            fins = done.get(w.counter, ())
+            need = w.threshold - init.get(w.counter, 0)
+            if need > 0 and fins:
+                ready = max(ready, max(fins) if need >= len(fins) else sorted(fins)[need - 1])
+        cost = cost_ns(t, program.buffers, target)
+        finish = np.maximum(free, ready) + cost
+        q = int(np.lexsort((load, np.floor(finish / FINISH_TIE_NS)))[0])
+        free[q] = float(finish[q])
+        load[q] += cost
+        queues[q].append(t.id)
+        done.setdefault(t.out_counter, []).append(float(finish[q]))
+        latest[t.out_counter] = max(latest.get(t.out_counter, 0.0), float(finish[q]))
+    return tuple(tuple(q) for q in queues)
+
+
+def test_the_per_run_heap_places_as_every_key_each_task(stages):
+    """place keeps a heap of the queues' keys while tasks share their readiness and cost (the
+    tiles of one op): the queues equal those of ranking every queue for every task, on the
+    tiny Llama over 1-132 SMs, and on Llama-3.2-1B-shaped layers (two of them) on an H100."""
+    from dataclasses import replace
+    from amk.models.presets import PRESETS
+    from amk.passes.options import H100, PassOptions
+    from amk.passes.place import place
+    from pass_helpers import llama_program
+    p = stages["allocate_counters"]
+    for sms in (1, 2, 3, 4, 7, 132):
+        target = replace(SMALL, num_sms=sms)
+        assert place(p, PassOptions(target=target)).queues == _place_by_lexsort(p, target)
+    cfg = replace(PRESETS["llama-3.2-1b"], n_layers=2)
+    big = run_passes(llama_program(cfg), PassOptions(target=H100))["allocate_counters"]
+    assert len(big.tasks) > 1000
+    assert place(big, PassOptions(target=H100)).queues == _place_by_lexsort(big, H100)
