@@ -30,25 +30,29 @@ def plan_memory(program: Program, opts: PassOptions | None = None) -> Program:
     if not opts.plan_memory:
         return program
     bufs = program.buffers
+    tasks = program.tasks
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     read_first: set[int] = set()
-    for t, task in enumerate(program.tasks):
+    # the tiles of one op touch the same buffers: a run of tasks with equal operands is seen
+    # at its first task (first touches) and its last (last touches)
+    for lo, hi in _runs(tasks):
+        task = tasks[lo]
         for b in task.inputs:
             if b not in first:
-                first[b] = t
+                first[b] = lo
                 read_first.add(b)
         for b in task.outputs:
-            first.setdefault(b, t)
+            first.setdefault(b, lo)
         for b in task.inputs + task.outputs:
-            last[b] = t
+            last[b] = hi - 1
     # a buffer whose first toucher both reads and writes it may read stale columns: keep it
-    for t, task in enumerate(program.tasks):
-        for b in task.outputs:
-            if first.get(b) == t and b in task.inputs:
-                reads, _ = task_regions(task, bufs)
-                if any(r.buffer == b for r in reads):
-                    read_first.add(b)
+    for b, t in first.items():
+        task = tasks[t]
+        if b in task.outputs and b in task.inputs:
+            reads, _ = task_regions(task, bufs)
+            if any(r.buffer == b for r in reads):
+                read_first.add(b)
     pinned = set(program.outputs) | read_first
     movable = [b for b in bufs if b.kind is BufferKind.ACTIVATION and b.id not in pinned
                and b.id in first]
@@ -79,3 +83,15 @@ def plan_memory(program: Program, opts: PassOptions | None = None) -> Program:
     for b, h in home.items():
         new_id[b] = new_id[h]
     return resync(remap_buffers(program.with_(queues=()), new_id, keep))
+
+
+def _runs(tasks) -> list[tuple[int, int]]:
+    """(first, end) of each run of consecutive tasks with equal inputs and outputs."""
+    runs = []
+    lo = 0
+    for t in range(1, len(tasks) + 1):
+        if t == len(tasks) or tasks[t].inputs != tasks[lo].inputs or \
+                tasks[t].outputs != tasks[lo].outputs:
+            runs.append((lo, t))
+            lo = t
+    return runs

@@ -137,3 +137,19 @@ def test_regions_memo_serves_another_buffers_only_at_the_same_shapes():
         assert regions_of(task, wide) == task_regions(task, wide) != seeded
     finally:
         forget()
+
+
+def test_runs_of_equal_operands_are_consecutive_only():
+    """plan_memory reads first and last touches per run of tasks with equal operands: a run
+    ends where the inputs or the outputs change, and a later task with the same operands
+    starts another."""
+    from amk.passes.plan_memory import _runs
+    from amk.program.ir import InstructionKind as K, Task
+
+    def task(i, ins, outs):
+        return Task(i, K.ADD, ins, outs, {}, (), 0, "")
+
+    tasks = [task(0, (0, 1), (2,)), task(1, (0, 1), (2,)), task(2, (0, 1), (3,)),
+             task(3, (2, 1), (3,)), task(4, (0, 1), (2,)), task(5, (0, 1), (2,))]
+    assert _runs(tasks) == [(0, 2), (2, 3), (3, 4), (4, 6)]
+    assert _runs([]) == []
