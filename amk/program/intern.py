@@ -15,7 +15,7 @@ merged when equal.
 """
 from __future__ import annotations
 
-from amk.program.ir import Program, Task
+from amk.program.ir import Program, new_task
 from amk.program.recipe import Recipe
 
 
@@ -40,9 +40,18 @@ def interned(program: Program) -> Program:
             got = keys[id(p)] = (type(p),) + tuple((repr(k), text(v)) for k, v in p.items())
         return got
 
-    tasks = tuple(Task(t.id, t.op, tuples.setdefault(t.inputs, t.inputs),
-                       tuples.setdefault(t.outputs, t.outputs),
-                       params.setdefault(key(t.params), t.params),
-                       tuples.setdefault(t.waits, t.waits), t.out_counter, t.name)
+    held: dict[int, tuple[tuple, tuple]] = {}    # id(tuple) -> (it, its shared equal)
+
+    def shared(v: tuple) -> tuple:
+        # the passes already share most tuples (the tiles of one op): each object hashed once
+        # (a Wait's hash is the dataclass's, in Python)
+        got = held.get(id(v))
+        if got is None or got[0] is not v:
+            got = held[id(v)] = (v, tuples.setdefault(v, v))
+        return got[1]
+
+    tasks = tuple(new_task(t.id, t.op, shared(t.inputs), shared(t.outputs),
+                           params.setdefault(key(t.params), t.params), shared(t.waits),
+                           t.out_counter, t.name)
                   for t in program.tasks)
     return program.with_(tasks=tasks)
