@@ -227,7 +227,7 @@ def waits_from_groups(deps: Sequence[Sequence[frozenset[int]]], group: Sequence[
         for p in parts:
             s = per_part.get(id(p))
             if s is None:
-                s = per_part[id(p)] = frozenset(group[q] for q in p)
+                s = per_part[id(p)] = frozenset(map(group.__getitem__, p))
             gs |= s
         key = tuple(sorted(gs))
         w = memo.get(key)
