@@ -275,12 +275,12 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
     rowed: set[int] = set()
     for reads, writes in regions:
         for r in writes:
-            written.add(r[0])
-            if r[3] > 0 or r[4] < ALL_ROWS:
-                rowed.add(r[0])
+            written.add(r.buffer)
+            if not r.every_row:
+                rowed.add(r.buffer)
         for r in reads:
-            if r[3] > 0 or r[4] < ALL_ROWS:
-                rowed.add(r[0])
+            if not r.every_row:
+                rowed.add(r.buffer)
     written |= {b.id for b in buffers if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT)}
     by_row = rowed & written
     # each tracked buffer's map, and whether it is a _Grid (its spans name rows too)
@@ -293,9 +293,9 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
         for each region of a tracked buffer."""
         out = []
         for r in rs:
-            got = maps.get(r[0])
+            got = maps.get(r.buffer)
             if got is not None:
-                out.append((r, got[0], (r[1], r[2], r[3], r[4]) if got[1] else (r[1], r[2])))
+                out.append((r, got[0], (r.lo, r.hi, r.r0, r.r1) if got[1] else (r.lo, r.hi)))
         return out
 
     out: list[list[Conflict]] = []
@@ -307,11 +307,11 @@ def scan(buffers: Sequence[Buffer], tasks: Sequence[Task],
         for r, m, at in reads:
             ws, holes = m.writers(*at)
             if ws:
-                found.append(new_conflict((RAW, r[0], r[1], r[2], ws, None)))
+                found.append(new_conflict((RAW, r.buffer, r.lo, r.hi, ws, None)))
             if holes and unwritten is not None:     # a _Columns' holes (lo, hi) are every row
                 unwritten += [(t, Region(r.buffer, *h)) for h in holes]
         for r, m, at in writes:
-            m.overwritten(r[0], *at, found)
+            m.overwritten(r.buffer, *at, found)
         out.append(found)
         # A task's own reads go in before its writes, so a write supersedes them.
         for _, m, at in reads:

@@ -5,6 +5,8 @@ depends only on the set of variants, never on the number of tasks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 
 from amk.gcpause import without_gc
@@ -13,9 +15,27 @@ from amk.program.ir import InstructionKind as K, Program
 from amk.backends.cuda import abi
 from amk.backends.cuda.steps import REF_SCRATCH, Encoded, Folded, Variant, View, fail
 
-_FIELDS = ("op", "variant", "wait_begin", "n_waits", "out_counter", "ptr_begin", "n_in", "n_out",
-           "sub_begin", "n_sub", "pre_begin", "zero_begin", "n_zero", "task_id", "n_ptr_all",
-           "n_pre")
+class _Desc(NamedTuple):
+    """One descriptor's scalar fields (TASK_DTYPE's, but ip / fp and the inline waits)."""
+    op: int
+    variant: int
+    ptr_begin: int
+    n_in: int
+    n_out: int
+    task_id: int
+    n_ptr_all: int
+    wait_begin: int = 0
+    n_waits: int = 0
+    out_counter: int = -1
+    sub_begin: int = 0
+    n_sub: int = 0
+    pre_begin: int = 0
+    zero_begin: int = 0
+    n_zero: int = 0
+    n_pre: int = 0
+
+
+_FIELDS = _Desc._fields
 
 
 @dataclass
@@ -36,10 +56,10 @@ def pack(program: Program, folded: Folded) -> Lowered:
     for t in program.tasks:
         if t.out_counter is not None and t.out_counter >= 0:
             n_inc[t.out_counter] += 1
-    # a tuple of _FIELDS a descriptor: program tasks, then the FUSED tasks' steps; and each
-    # one's encoded content (its ip / fp slots)
-    rows: list[tuple] = []
-    subs: list[tuple] = []
+    # the descriptors: program tasks, then the FUSED tasks' steps; and each one's encoded
+    # content (its ip / fp slots)
+    rows: list[_Desc] = []
+    subs: list[_Desc] = []
     contents: list[tuple] = []
     sub_contents: list[tuple] = []
     encs = _Encodings()
@@ -72,19 +92,17 @@ def pack(program: Program, folded: Folded) -> Lowered:
             for enc, sins, souts in ft.steps:
                 e = encs.of(enc)
                 sub_contents.append(e)
-                subs.append((e[0], e[1], 0, 0, -1, pointers(sins, souts), len(sins), len(souts),
-                             0, 0, 0, 0, 0, t.id, 0, 0))
-            # n_ptr_all: its own pointers, then its steps'
-            rows.append((c[0], c[1], wait_begin, len(t.waits), out_counter, ptr_begin,
-                         len(ft.ins), len(ft.outs), sub_begin, len(ft.steps), 0, zero_begin,
-                         len(ft.zero), t.id, len(refs) // 2 - ptr_begin, 0))
+                subs.append(_Desc(e[0], e[1], pointers(sins, souts), len(sins), len(souts), t.id, 0))
+            rows.append(_Desc(c[0], c[1], ptr_begin, len(ft.ins), len(ft.outs), t.id,
+                              len(refs) // 2 - ptr_begin,     # its own pointers, then its steps'
+                              wait_begin, len(t.waits), out_counter, sub_begin=sub_begin,
+                              n_sub=len(ft.steps), zero_begin=zero_begin, n_zero=len(ft.zero)))
         else:
             enc, sins, souts = ft.steps[0]
             c = encs.of(enc)
             n_in, n_out = len(sins), len(souts)
-            rows.append((c[0], c[1], wait_begin, len(t.waits), out_counter,
-                         pointers(sins, souts), n_in, n_out, 0, 0, 0, 0, 0, t.id, n_in + n_out,
-                         0))
+            rows.append(_Desc(c[0], c[1], pointers(sins, souts), n_in, n_out, t.id, n_in + n_out,
+                              wait_begin, len(t.waits), out_counter))
         contents.append(c)
 
     pre: dict[int, tuple[int, int]] = {}
@@ -136,10 +154,9 @@ def _columns(rows: list, n: int) -> list[list]:
     return [list(col) for col in zip(*rows)] if rows else [[] for _ in range(n)]
 
 
-def _table(descs: list[tuple], contents: list[tuple], pre: dict[int, tuple[int, int]],
+def _table(descs: list[_Desc], contents: list[tuple], pre: dict[int, tuple[int, int]],
            waits: list[tuple[int, int, int]]) -> np.ndarray:
-    """The TASK_DTYPE array of the descriptors (tuples of _FIELDS; pre: a row's pre_begin,
-    n_pre), filled a column at a time (a record at a time cost ~1 s for 10^4 tasks)."""
+    """The TASK_DTYPE array of the descriptors (pre: a row's pre_begin, n_pre), filled a column at a time (a record at a time cost ~1 s for 10^4 tasks)."""
     n = len(descs)
     table = np.zeros(n, dtype=abi.TASK_DTYPE)
     if not n:
