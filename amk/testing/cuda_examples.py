@@ -130,6 +130,11 @@ def cases() -> list[Case]:
                      [("x", BK.IO_INPUT, bf, (1, 256)), ("W", BK.WEIGHT, bf, (96, 256)), ("bias", BK.WEIGHT, bf, (96,))],
                      [("y", BK.IO_OUTPUT, bf, (1, 96))], {"n_off": 16, "N_tile": 48, "K": 256},
                      {"x": _rand((1, 256), tb), "W": _rand((96, 256), tb, 0.1), "bias": _rand((96,), tb)}))
+    # short rows, four row groups an item (encoders.direct_sr), a ragged last group
+    C.append(_single("gemv_bf16_k256_sr4", K.GEMV_TILE,
+                     [("x", BK.IO_INPUT, bf, (1, 256)), ("W", BK.WEIGHT, bf, (160, 256))],
+                     [("y", BK.IO_OUTPUT, f32, (1, 160))], {"n_off": 3, "N_tile": 127, "K": 256},
+                     {"x": _rand((1, 256), tb), "W": _rand((160, 256), tb, 0.1)}))
     # long rows: 4 KiB rows (20 of them, bias); 16 KiB rows (a down projection's, 5 of them)
     C.append(_single("gemv_bf16_stream_k2048", K.GEMV_TILE,
                      [("x", BK.IO_INPUT, f16, (1, 2048)), ("W", BK.WEIGHT, bf, (40, 2048)), ("bias", BK.WEIGHT, f32, (40,))],

@@ -8,7 +8,7 @@ import math
 from amk.program.ir import BufferKind, DType, InstructionKind as K
 from amk.program.regions import NEW_KV, combine_partials, seq_range
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
-from amk.backends.cuda.smem import XS_MAX
+from amk.backends.cuda.smem import NTHREADS, XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
                                      int_input)
 
@@ -17,12 +17,30 @@ QMODES = {int(DType.I8): 1, int(DType.I4): 2, int(DType.F8E4M3): 3}   # qdtype -
 
 
 def gemv_direct(*, tx, tw, ty, ts, nmat, epi, bias, tr, to, norm=False, nx="float", nw="float",
-                pre=False, rn=RMS_RN) -> Variant:
+                pre=False, rn=RMS_RN, sr=1) -> Variant:
     """op_gemv_direct with every template argument, in its order: NORM's row types and its row
     elements a thread (RN: folds.norm_into_gemv), PRE (some task of the variant reads preloaded
-    rows: tables.pack)."""
+    rows: tables.pack), SR (row groups an item: direct_sr)."""
     return Variant.of("op_gemv_direct", tx=tx, tw=tw, ty=ty, ts=ts, nmat=nmat, epi=epi, bias=bias,
-                      tr=tr, to=to, norm=norm, nx=nx, nw=nw, pre=pre, rn=rn)
+                      tr=tr, to=to, norm=norm, nx=nx, nw=nw, pre=pre, rn=rn, sr=sr)
+
+
+DIRECT_ITEM_BYTES = 4096    # op_gemv_direct's K segment a row: 32 lanes x GU = 8 vectors of 16 B
+NWARPS = NTHREADS // 32
+
+
+def direct_sr(nmat: int, n_tile: int, row_bytes: int) -> int:
+    """Row groups (two rows each) an op_gemv_direct item takes: rows of at most 2 KiB (1 KiB)
+    fill half (a quarter) of an item's 4 KiB segment, so 2 (4) groups share an item and a warp
+    keeps its 8 KiB of loads in flight (Qwen3-0.6B's K = 1024 GEMVs: 64 KiB an SM, not 128,
+    NOTES v35); the most that gives no warp more groups than one a item would (the busiest
+    warp's share; the small q/k/v tiles, one group a warp, keep 1)."""
+    groups = n_tile if nmat == 2 else -(-n_tile // 2)
+    busiest = -(-groups // NWARPS)
+    for sr in (4, 2):
+        if row_bytes * sr <= DIRECT_ITEM_BYTES and -(-groups // sr // NWARPS) * sr <= busiest:
+            return sr
+    return 1
 
 
 def _col_range(task, params, out: View) -> tuple[int, int]:
@@ -194,7 +212,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                                   bias=has_bias, zeros=zeros is not None, nb=mma.nb, xr=mma.xr)
     elif direct:
         var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
-                          bias=has_bias, tr="float", to=ftype(t, out.dtype))
+                          bias=has_bias, tr="float", to=ftype(t, out.dtype),
+                          sr=direct_sr(1, n_tile, Kd * w.esize))
     else:
         var = Variant.of("op_gemv", tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, tz=tz,
                          qmode=qmode, bias=has_bias, zeros=zeros is not None, vec=vec, mb=mb, wro=w_ro)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Callable
 
 from amk.program.ir import DType, InstructionKind as K
-from amk.backends.cuda import abi, gemv_batch, gemv_quant
+from amk.backends.cuda import abi, encoders, gemv_batch, gemv_quant
 from amk.backends.cuda.smem import NTHREADS, XS_MAX
 from amk.backends.cuda.steps import (FLOATS, REF_SCRATCH, RMS_RN, STAGED_ATTENTION, Encoded, Fused,
                                      Variant, ctype, ftype)
@@ -254,6 +254,8 @@ def pair_gemvs(f: Fused) -> Fused:
             ga, ip = gemv_batch.planned(ga, ip, p)
         elif ga.fn == "op_gemv_qdirect":   # an item's rows: half of them from each matrix
             ga = gemv_quant.replan(ga, ip, nmat=2)
+        else:                              # twice the row groups: an item may take more
+            ga = ga.with_(sr=encoders.direct_sr(2, ip["N_TILE"], ip["K"] * aa[1].esize))
         e = Encoded(a.op, ga.with_(nmat=2, epi=2, to=ftype(None, co[0].dtype)), ip, dict(a.fp), a.group)
         gate, up = (aa, ba) if ca[0].ref == ao[0].ref else (ba, aa)
         # quantized: x, the weights, their scales, their zeros (op_gemv_mma's P order)

@@ -113,7 +113,7 @@ def mark_ring_steps(ft: FoldedTask) -> FoldedTask:
         rowb, pitch = enc.ip["K"] * es, enc.ip["LDW"] * es
         if rowb % 16 or pitch % 16:
             continue
-        steps[i] = (replace(enc, variant=enc.variant.with_(ring=True),
+        steps[i] = (replace(enc, variant=enc.variant.with_(sr=1, ring=True),
                             ip=dict(enc.ip, RING=nmat, ROWB=rowb, PITCH=pitch)), args, outs)
         changed = True
     return replace(ft, steps=steps) if changed else ft

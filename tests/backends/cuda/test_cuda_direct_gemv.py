@@ -22,11 +22,25 @@ def _variants(case_name: str) -> list[str]:
 
 def test_float_batch1_gemvs_take_the_direct_gemv_and_others_do_not():
     assert ("op_gemv_direct<bf16, bf16, bf16, bf16, 1, 0, true, float, bf16, false, float, float, "
-            "false, 8>(AMK_ARGS)") in _variants("gemv_bf16_bias_tile")
+            "false, 8, 2>(AMK_ARGS)") in _variants("gemv_bf16_bias_tile")     # SR 2: 512-byte rows
     assert any(v.startswith("op_gemv_direct<bf16, float, bf16, float, 1, 0, false")
                for v in _variants("gemv_f32_k1000_odd_rows"))
     assert not any("op_gemv_direct" in v for v in _variants("gemv_f32_batched_novec"))   # M = 3
     assert not any("op_gemv_direct" in v for v in _variants("gemv_i4_k256_g64"))
+
+
+def test_short_rows_share_an_item_where_no_warp_gets_more_rows():
+    """direct_sr: rows of at most 2 KiB (1 KiB) take 2 (4) row groups an item, so a warp keeps
+    8 KiB of loads in flight; never where the busiest warp would get more rows than with one
+    group an item (a q/k/v tile of 32 rows keeps one: 16 items for 16 warps)."""
+    from amk.backends.cuda.encoders import direct_sr
+    assert direct_sr(1, 1152, 2048) == 2          # Qwen3-0.6B's LM head tile
+    assert direct_sr(2, 24, 2048) == 2            # its gate/up: 24 groups, 2 a warp either way
+    assert direct_sr(1, 32, 2048) == 1            # its q/k/v: 16 groups, one a warp
+    assert direct_sr(1, 1152, 4096) == 1          # the 1B's rows fill an item
+    assert direct_sr(1, 128, 512) == 4 and direct_sr(1, 127, 512) == 4
+    assert direct_sr(1, 130, 512) == 1            # 65 groups: 5 a warp, 8 with four an item
+    assert direct_sr(1, 128, 1536) == 2           # 1.5 KiB rows: two fit an item
 
 
 def _gate_up_task(swap: bool):
@@ -52,7 +66,7 @@ def test_gate_up_their_silu_and_the_norm_become_one_gemv_of_two_matrices(swap):
     assert float(d["fp"][abi.fp_index("GEMV", "EPS")]) > 0
     assert (int(d["n_in"]), int(d["n_out"])) == (4, 1)       # x, W_gate, W_up, norm weight -> y
     assert [call_text(v) for v in low.variants] == ["op_gemv_direct<bf16, bf16, bf16, float, 2, 2, false, float, bf16, "
-                            "true, bf16, bf16, false, 1>(AMK_ARGS)"]      # RN: a 64-wide x
+                            "true, bf16, bf16, false, 1, 2>(AMK_ARGS)"]      # RN: a 64-wide x; SR 2
     # the matrix silu is applied to comes first, whichever GEMV step computed it
     assert ptrs == (["x", "w_up", "w_gate", "norm_w", "y"] if swap else ["x", "w_gate", "w_up", "norm_w", "y"])
 
@@ -83,7 +97,7 @@ def test_a_norm_whose_gemv_adds_a_residual_stays_a_step():
     (e, args, outs), = norm_into_gemv(steps(0)).steps
     assert e.variant.arg("norm") and e.ip["XS_READY"] == 0 and e.fp["EPS"] == 1e-5
     assert [a.ref for a in args] == [x.ref, wo.ref, w.ref] and outs == [y]
-    assert call_text(e.variant).endswith(", true, bf16, bf16, false, 1>(AMK_ARGS)")  # RN: 1 a thread
+    assert call_text(e.variant).endswith(", true, bf16, bf16, false, 1, 1>(AMK_ARGS)")  # RN: 1 a thread
 
 
 @pytest.mark.parametrize("which", ["examples", "llama_1b_layer"])

@@ -175,62 +175,89 @@ __device__ __noinline__ void op_gemv(AMK_PARAMS) {
   }
 }
 
-// op_gemv_direct's item `it`: its two weight rows' K segment, GU vectors a lane (zeros past the
-// tile's rows or K).
-template <int NMAT, int GU>
-__device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, int n_off, int n_tile,
-                                            long long rbytes, int nv, int nseg, int it) {
-  const int lane = threadIdx.x & 31, g = it / nseg, seg = it - g * nseg;
+// op_gemv_direct's item `it`: SR row groups' (two rows each) K segment, GU vectors a lane, GU / SR
+// a row (zeros past the tile's rows or K). SR > 1 only for rows of at most 32 GU / SR vectors,
+// one segment: a warp keeps GU x 2 x 16 bytes a lane in flight whatever the row length.
+template <int NMAT, int SR>
+__device__ __forceinline__ void direct_rows(const char* (&row)[SR][2], bool (&live)[SR][2], const char* base0,
+                                            const char* base1, int pr, int n_tile, long long rbytes, int nseg, int it) {
 #pragma unroll
-  for (int j = 0; j < 2; j++) {
-    const int r = NMAT == 2 ? g : 2 * g + j;
-    const char* row = (const char*)P[NMAT == 2 ? 1 + j : 1] + (long long)(n_off + r) * rbytes;
+  for (int s = 0; s < SR; s++) {
+    const int g = SR == 1 ? it / nseg : it * SR + s;
 #pragma unroll
-    for (int u = 0; u < GU; u++) {
-      const int v = seg * 32 * GU + u * 32 + lane;
-      wv[j][u] = (r < n_tile && v < nv) ? ldg_stream(row + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+    for (int j = 0; j < 2; j++) {
+      const int r = NMAT == 2 ? g : 2 * g + j;
+      live[s][j] = r < n_tile;
+      row[s][j] = (NMAT == 2 && j ? base1 : base0) + ((NMAT == 2 ? j * pr : 0) + (long long)r) * rbytes;
     }
   }
+}
+
+template <int NMAT, int GU, int SR = 1>
+__device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, int n_off, int n_tile,
+                                            long long rbytes, int nv, int nseg, int it) {
+  constexpr int GS = GU / SR;
+  const int lane = threadIdx.x & 31, seg = SR == 1 ? it % nseg : 0;
+  const char* row[SR][2]; bool live[SR][2];
+  direct_rows<NMAT, SR>(row, live, (const char*)P[1] + (long long)n_off * rbytes,
+                            (const char*)P[NMAT == 2 ? 2 : 1] + (long long)n_off * rbytes, 0, n_tile, rbytes, nseg, it);
+#pragma unroll
+  for (int s = 0; s < SR; s++)
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int u = 0; u < GS; u++) {
+        const int v = seg * 32 * GU + u * 32 + lane;
+        wv[j][s * GS + u] = (live[s][j] && v < nv) ? ldg_stream(row[s][j] + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+      }
 }
 
 // The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: preload.py), laid out
 // as in global memory, matrix after matrix.
-template <int NMAT, int GU>
+template <int NMAT, int GU, int SR = 1>
 __device__ __forceinline__ void direct_load_pre(uint4 (&wv)[2][GU], const char* pre, int pr, int n_tile,
                                                 long long rbytes, int nv, int nseg, int it) {
-  const int lane = threadIdx.x & 31, g = it / nseg, seg = it - g * nseg;
+  constexpr int GS = GU / SR;
+  const int lane = threadIdx.x & 31, seg = SR == 1 ? it % nseg : 0;
+  const char* row[SR][2]; bool live[SR][2];
+  direct_rows<NMAT, SR>(row, live, pre, pre, pr, n_tile, rbytes, nseg, it);
 #pragma unroll
-  for (int j = 0; j < 2; j++) {
-    const int r = NMAT == 2 ? g : 2 * g + j;
-    const char* row = pre + ((NMAT == 2 ? j * pr : 0) + r) * rbytes;
+  for (int s = 0; s < SR; s++)
 #pragma unroll
-    for (int u = 0; u < GU; u++) {
-      const int v = seg * 32 * GU + u * 32 + lane;
-      wv[j][u] = (r < n_tile && v < nv) ? *(const uint4*)(row + v * 16) : make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int u = 0; u < GS; u++) {
+        const int v = seg * 32 * GU + u * 32 + lane;
+        wv[j][s * GS + u] = (live[s][j] && v < nv) ? *(const uint4*)(row[s][j] + v * 16) : make_uint4(0u, 0u, 0u, 0u);
+      }
 }
 
-// op_gemv_direct's item `it` against x: each of its two rows' sum into part[row slot, segment].
-template <class TW, int NMAT, int GU>
+// op_gemv_direct's item `it` against x: each of its rows' sum into part[row slot, segment]
+// (every row's lanes add its vectors in the same order whatever SR: the same bits).
+template <class TW, int NMAT, int GU, int SR = 1>
 __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float* xs, float* part,
                                            int n_tile, int nv, int nseg, int it) {
-  constexpr int VW = VecN<TW>::N;
-  const int lane = threadIdx.x & 31, g = it / nseg, seg = it - g * nseg;
-  float a0 = 0.f, a1 = 0.f;                     // both rows in one pass: x read once
+  constexpr int VW = VecN<TW>::N, GS = GU / SR;
+  const int lane = threadIdx.x & 31, seg = SR == 1 ? it % nseg : 0;
+  const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2;
 #pragma unroll
-  for (int u = 0; u < GU; u++) {
-    const int v = seg * 32 * GU + u * 32 + lane;
-    if (v < nv) {
-      a0 = dot_vec<TW>(a0, wv[0][u], xs + v * VW);
-      a1 = dot_vec<TW>(a1, wv[1][u], xs + v * VW);
+  for (int s = 0; s < SR; s++) {
+    const int g = SR == 1 ? it / nseg : it * SR + s;
+    float a0 = 0.f, a1 = 0.f;                   // both rows in one pass: x read once
+#pragma unroll
+    for (int u = 0; u < GS; u++) {
+      const int v = seg * 32 * GU + u * 32 + lane;
+      if (v < nv) {
+        a0 = dot_vec<TW>(a0, wv[0][s * GS + u], xs + v * VW);
+        a1 = dot_vec<TW>(a1, wv[1][s * GS + u], xs + v * VW);
+      }
     }
-  }
-  a0 = warp_sum(a0);
-  a1 = warp_sum(a1);
-  if (lane == 0) {
-    part[(NMAT == 2 ? g : 2 * g) * nseg + seg] = a0;
-    if (NMAT == 2 || 2 * g + 1 < n_tile) part[(NMAT == 2 ? n_tile + g : 2 * g + 1) * nseg + seg] = a1;
+    a0 = warp_sum(a0);
+    a1 = warp_sum(a1);
+    if (lane == 0 && (SR == 1 || g < groups)) {
+      part[(NMAT == 2 ? g : 2 * g) * nseg + seg] = a0;
+      if (NMAT == 2 || 2 * g + 1 < n_tile) part[(NMAT == 2 ? n_tile + g : 2 * g + 1) * nseg + seg] = a1;
+    }
   }
 }
 
@@ -306,14 +333,15 @@ __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* 
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
           bool NORM = false, class NX = float, class NW = float, bool PRE = false, int RN = RMS_RN,
-          bool RING = false>
+          int SR = 1, bool RING = false>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   constexpr int GU = 8;
   static_assert(!RING || 32 * GU * 16 == 4096, "an item's K segment is ring.py's SEG_BYTES");
+  static_assert(!RING || SR == 1, "the ring's pages hold items of one row group");
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const long long rbytes = (long long)d.ip[P_GEMV_LDW] * (long long)sizeof(TW);
   const int nv = Kd / VecN<TW>::N, nseg = (nv + 32 * GU - 1) / (32 * GU);
-  const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2, items = groups * nseg;
+  const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2, items = SR == 1 ? groups * nseg : (groups + SR - 1) / SR;
   float* xs = (float*)smem;
   float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
   const int warp = threadIdx.x >> 5;
@@ -330,16 +358,17 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   const int it0 = RING ? (int)(((unsigned)warp + NP - q0 % NP) % NP) : warp;
   for (int it = RING && warp >= NP ? items : it0; it < items; it += NP) {
     uint4 wv[2][GU];
-    const int last = NMAT == 2 ? it / nseg : 2 * (it / nseg) + 1;     // the item's last row
+    const int gl = SR == 1 ? it / nseg : min(it * SR + SR - 1, groups - 1);
+    const int last = NMAT == 2 ? gl : 2 * gl + 1;                     // the item's last row
     if (RING) {
       direct_load_ring<NMAT, GU>(wv, smem, q0 + it, n_tile, nv * 16 < 4096 ? nv * 16 : 4096, nv, nseg, it);
     } else if (AMK_PRE && PRE && (last < pr || pr == n_tile)) {
       mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
-      direct_load_pre<NMAT, GU>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
+      direct_load_pre<NMAT, GU, SR>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
     } else {
-      direct_load<NMAT, GU>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
+      direct_load<NMAT, GU, SR>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
     }
-    direct_dot<TW, NMAT, GU>(wv, xs, part, n_tile, nv, nseg, it);
+    direct_dot<TW, NMAT, GU, SR>(wv, xs, part, n_tile, nv, nseg, it);
     if (it == it0) AMK_MARK(2);
   }
   __syncthreads();
