@@ -35,7 +35,14 @@ def stamped_periodic(graph: Graph, opts, local: list[Callable],
                      periodic: list[Callable]) -> Program | None:
     """The program `local` then `periodic` give `graph`, from its small graph of BLOCKS (or
     BLOCKS + 1) blocks; None where the graph has no Repeat of at least two more blocks or the
-    small program does not repeat with a period in PERIODS."""
+    small program does not repeat with a period in PERIODS. Checked as stamp.stamped's."""
+    made = periodic_parts(graph, opts, local, periodic)
+    return None if made is None else checked(graph, *made)
+
+
+def periodic_parts(graph: Graph, opts, local: list[Callable],
+                   periodic: list[Callable]) -> tuple[_Stamp, Program] | None:
+    """The stamp and its program, unchecked; None as stamped_periodic's."""
     rep = find_repeat(graph)
     if rep is None:
         return None
@@ -54,7 +61,7 @@ def stamped_periodic(graph: Graph, opts, local: list[Callable],
             stamp = _Stamp(graph, rep, program, *first.f_eqns, blocks, period, lowered)
             stamp._read()
             _classify(stamp)
-            return checked(graph, stamp, stamp.program())
+            return stamp, stamp.program()
         except NoStamp:
             continue
     return None
