@@ -1,5 +1,6 @@
 """repeat: find the block of equations a traced step repeats (a decoder's layers), and the small
-graph of three of its blocks that passes/stamp.py runs the local passes on.
+graph of three of its blocks that passes/stamp.py runs the local passes on (six or seven for
+passes/stamp_period.py).
 
 A Repeat is `count` blocks of `size` equations from equation `start`: block b's equation k
 equals block b-1's (same primitive, params, source line, shapes and dtypes) and is wired the

@@ -113,6 +113,17 @@ def _places(eqn_of: list[int], where: Callable[[int], int]):
     return out, first, count
 
 
+def _keyed(objs, places) -> tuple[list[int], list[tuple[int, str]]]:
+    """Each marked object's block, and its key there (index of its origin, name suffix)."""
+    blk, key = [], []
+    for o in objs:
+        k, suffix = _origin(o.name)
+        b, j = places[k]
+        blk.append(b)
+        key.append((j, suffix))
+    return blk, key
+
+
 class _Stamp:
     """The whole program from the small program of `blocks` blocks (small_graph's), its last
     `period` middle blocks copied in turn. modes (stamp_period.py): for a reference of a
@@ -162,17 +173,8 @@ class _Stamp:
     def _read(self):
         p = self.small
         self.blk, self.key = [[], []], [[], []]
-        for kind, objs, places in ((BUF, p.buffers, self.s_buf), (None, p.tasks, self.s_task)):
-            blk, key = [], []
-            for o in objs:
-                k, suffix = _origin(o.name)
-                b, j = places[k]
-                blk.append(b)
-                key.append((j, suffix))
-            if kind is None:
-                self.t_blk, self.t_key = blk, key
-            else:
-                self.blk[kind], self.key[kind] = blk, key
+        self.blk[BUF], self.key[BUF] = _keyed(p.buffers, self.s_buf)
+        self.t_blk, self.t_key = _keyed(p.tasks, self.s_task)
         if any(a > b for a, b in zip(self.t_blk, self.t_blk[1:])):
             raise NoStamp                       # the blocks' tasks are not in block order
         first = [-1] * len(p.counters)
