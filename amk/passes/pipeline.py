@@ -7,7 +7,9 @@ at the end. Each stage's IR can be printed or dumped (passes/dump.py) or read ba
 
 A compile (run_pipeline_cached) runs the passes up to STAMPED_UPTO on three blocks of a step
 whose blocks repeat (a decoder's layers) and stamps the middle one for the others
-(passes/stamp.py: the same program, in a fraction of the time); the rest on the whole program.
+(passes/stamp.py: the same program, in a fraction of the time); with enough blocks, it stamps
+that small program for six blocks, runs the passes up to PERIODIC_UPTO there and stamps those
+blocks for the others (passes/stamp_period.py); the rest on the whole program.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from amk.passes.place import place
 from amk.passes.plan_memory import plan_memory
 from amk.passes.split_kv import split_kv
 from amk.passes.stamp import stamped
+from amk.passes.stamp_period import stamped_periodic
 from amk.passes.sync import forget
 from amk.passes.tile import tile
 from amk.program.digest import remember_digest
@@ -48,6 +51,9 @@ PIPELINE: list[tuple[str, Callable]] = [
 # The passes up to this one decide each task from the tasks near it, never from how many blocks
 # there are: stamp.py runs them on three blocks of a repeating step
 STAMPED_UPTO = "fuse"
+# These share buffers and counters across blocks, the same way every block or every other:
+# stamp_period.py runs them on six blocks
+PERIODIC_UPTO = "allocate_counters"
 
 
 def check(program: Program, after: str) -> None:
@@ -67,8 +73,9 @@ def run_pipeline(graph: Graph, opts: PassOptions | None = None,
     AMK_DEBUG level (1 verify and time every pass, 2 print the schedule summary). ahead: called
     with the final program before its final proof (a backend starts its compile there, to run
     beside the proof); the program is refused all the same if the proof fails. stamp: the
-    passes up to STAMPED_UPTO stamped where the graph repeats (not at debug >= 1, which checks
-    every pass); their stages are then missing from the result."""
+    passes up to STAMPED_UPTO (PERIODIC_UPTO where they fit) stamped where the graph repeats
+    (not at debug >= 1, which checks every pass); their stages are then missing from the
+    result."""
     opts = opts or PassOptions()
     try:
         return _run(graph, opts, stop_after, debug, ahead, stamp and debug < 1)
@@ -82,10 +89,14 @@ def _run(graph: Graph, opts: PassOptions, stop_after: str | None, debug: int,
     stages: dict[str, Program] = {}
     ir = graph
     passes = PIPELINE
-    local = [n for n, _ in PIPELINE].index(STAMPED_UPTO) + 1
+    names = [n for n, _ in PIPELINE]
+    local, upto = names.index(STAMPED_UPTO) + 1, names.index(PERIODIC_UPTO) + 1
     if stamp and stop_after is None:
-        small = stamped(graph, opts, [fn for _, fn in PIPELINE[:local]])
+        fns = [fn for _, fn in PIPELINE]
+        small = stamped_periodic(graph, opts, fns[:local], fns[local:upto])
         if small is not None:
+            ir, passes = small, PIPELINE[upto:]
+        elif (small := stamped(graph, opts, fns[:local])) is not None:
             ir, passes = small, PIPELINE[local:]
     for name, fn in passes:
         t0 = time.perf_counter()

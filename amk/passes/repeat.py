@@ -1,5 +1,6 @@
 """repeat: find the block of equations a traced step repeats (a decoder's layers), and the small
-graph of three of its blocks that passes/stamp.py runs the local passes on.
+graph of three of its blocks that passes/stamp.py runs the local passes on (six or seven for
+passes/stamp_period.py).
 
 A Repeat is `count` blocks of `size` equations from equation `start`: block b's equation k
 equals block b-1's (same primitive, params, source line, shapes and dtypes) and is wired the
@@ -113,13 +114,15 @@ def find_repeat(g: Graph) -> Repeat | None:
     return Repeat(start, size, count, tuple(private))
 
 
-def small_graph(g: Graph, rep: Repeat) -> Graph:
-    """g with blocks 0, 1 and the last only (the last reading block 1 where it read the block
-    before it); every graph input is kept, so the inputs' buffers are numbered as in g."""
+def small_graph(g: Graph, rep: Repeat, blocks: int = 3) -> Graph:
+    """g with blocks 0 .. blocks-2 and the last only (the last reading block blocks-2 where it
+    read the block before it); every graph input is kept, so the inputs' buffers are numbered
+    as in g."""
     s, p, n = rep.start, rep.size, rep.count
+    assert 3 <= blocks <= n
     made = {o.id: (i, k) for i, e in enumerate(g.eqns) for k, o in enumerate(e.outputs)}
     last = s + (n - 1) * p
-    back = (n - 3) * p                          # block n-2's equations -> block 1's
+    back = (n - blocks) * p                     # block n-2's equations -> block blocks-2's
 
     def moved(v: Var) -> Var:
         i, k = made.get(v.id, (-1, 0))
@@ -127,7 +130,7 @@ def small_graph(g: Graph, rep: Repeat) -> Graph:
 
     tail = [Eqn(e.prim, tuple(moved(v) for v in e.inputs), e.outputs, e.params, e.src)
             for e in g.eqns[last:last + p]]
-    eqns = g.eqns[:s + 2 * p] + tuple(tail) + g.eqns[s + n * p:]
+    eqns = g.eqns[:s + (blocks - 1) * p] + tuple(tail) + g.eqns[s + n * p:]
     kept = {o.id for e in eqns for o in e.outputs} | {v.id for v in g.inputs}
     return Graph(g.inputs, g.input_paths, g.input_kinds, eqns,
                  tuple(v for v in g.outputs if v.id in kept), g.name)

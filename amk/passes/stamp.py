@@ -6,19 +6,25 @@ are. So for a graph with a Repeat (passes/repeat.py) they run on the small graph
 one middle and the last block; the middle block's tasks, buffers and counters are copied for
 every other middle block, and the result is the program the passes give the whole graph, task
 for task (tests/passes/test_stamp.py checks it against the plain pipeline, every field).
+stamp_period.py copies a small program of more blocks the same way, after the passes that
+share storage and counters between blocks.
 
 How the copy is found: the small program is lowered with each task's and buffer's name replaced
 by its index (MARK), and the passes only append to names ("[tile 2/16]", " +rmsnorm",
-".part3"), so every task and buffer after `fuse` names the lowered task or buffer it came from,
-hence its equation and block. Block b's copy of a middle-block object is the lowered graph's
-object at the same place in block b, with the same suffix. A middle-block task refers to
-  * its own block's objects: block b's copies;
-  * the block before's (block 0 in the small program): block b-1's copies, block 0 for b = 1;
-  * block 1's private inputs (weights, caches): block b's; anything else: itself, renumbered.
-Buffers and counters keep the small program's order, each run of middle-block ones repeated
-block by block (the passes number both in program order, buffers that split_kv adds last).
-Anything that does not fit (a middle task naming the last block, a first-block object with no
-middle twin, a counter of two blocks) raises NoStamp, and the plain pipeline runs.
+".part3"), so every task and buffer names the lowered task or buffer it came from, hence its
+equation and block. Its key is (index among its block's lowered objects, suffix); a counter's
+is its first incrementer's. The small program's blocks 0 .. K-2 are the whole program's; its
+last `period` of them (the template) are copied, in turn, for the whole program's blocks
+K-1 .. n-2, and its last block is the whole program's last. A copied task refers to
+  * its block's private inputs (weights, caches): the copy's block's; other inputs: themselves;
+  * an object `d` blocks before it (d >= 0): the object with the same key `d` blocks before
+    the copy, or, where stamp_period.py found the reference fixed, the object itself;
+  * the prologue's objects: themselves.
+A task of the last block or after it refers to a block's object as one `d` blocks before it
+(unless fixed). Buffers and counters keep the small program's order, each run of the blocks'
+ones laid out block by block (the passes number both in program order, buffers that split_kv
+adds last). Anything that does not fit (a reference to a later block, a key the copy's block
+lacks, a counter whose incrementers change in number) raises NoStamp, and the plain pipeline runs.
 """
 from __future__ import annotations
 
@@ -32,8 +38,9 @@ from amk.passes.stamp_check import stamp_mismatches
 from amk.program.ir import Buffer, Counter, Program, Wait, new_task
 
 MARK = "\x1f"
-PRO, FIRST, MID, LAST, EPI = range(5)       # where an object of the small program sits
-INPUT = -1
+INPUT = -2                                  # a graph input's block (the prologue's is -1)
+ABS = None                                  # a reference to one fixed object
+BUF, CTR = 0, 1
 
 
 class NoStamp(Exception):
@@ -47,34 +54,39 @@ def stamped(graph: Graph, opts, passes: list[Callable]) -> Program | None:
     made = stamp_parts(graph, opts, passes)
     if made is None:
         return None
-    stamp, program = made
+    return checked(graph, *made)
+
+
+def checked(graph: Graph, stamp: _Stamp, program: Program) -> Program | None:
     bad = stamp_mismatches(program, stamp.full, stamp.origins, len(graph.inputs))
     if bad:
         warnings.warn(f"amk: the stamped program of {graph.name} touches other graph inputs "
                       f"than the graph (an AMK bug, please report it); the plain pipeline runs:\n"
-                      + "\n".join(bad[:10]), RuntimeWarning, stacklevel=2)
+                      + "\n".join(bad[:10]), RuntimeWarning, stacklevel=3)
         return None
     return program
 
 
-def stamp_parts(graph: Graph, opts, passes: list[Callable]) -> tuple[_Stamp, Program] | None:
+def stamp_parts(graph: Graph, opts, passes: list[Callable],
+                marked: bool = False) -> tuple[_Stamp, Program] | None:
     """The stamp (its whole lowered graph and each task's origin there) and its program,
-    unchecked; None as stamped's."""
+    unchecked (marked: its names MARKed as the small program's, for stamp_period.py); None as
+    stamped's."""
     rep = find_repeat(graph)
     if rep is None:
         return None
     small, task_eqn, buffer_eqn = lower_with_origins(small_graph(graph, rep))
-    program = _marked(small)
+    program = marked_names(small)
     for fn in passes[1:]:
         program = fn(program, opts)
     try:
         stamp = _Stamp(graph, rep, program, task_eqn, buffer_eqn)
-        return stamp, stamp.program()
+        return stamp, stamp.program(marked)
     except NoStamp:
         return None
 
 
-def _marked(p: Program) -> Program:
+def marked_names(p: Program) -> Program:
     tasks = tuple(new_task(t.id, t.op, t.inputs, t.outputs, t.params, t.waits, t.out_counter,
                            f"{t.id}{MARK}") for t in p.tasks)
     buffers = tuple(Buffer(b.id, f"{b.id}{MARK}", b.kind, b.dtype, b.shape, b.source)
@@ -87,197 +99,250 @@ def _origin(name: str) -> tuple[int, str]:
     return int(k), suffix
 
 
-def _placed(objs, places) -> tuple[list[int], list[tuple[int, str]]]:
-    """Each marked object's segment, and its key there (index of its origin, name suffix)."""
-    segs, keys = [], []
-    for o in objs:
-        k, suffix = _origin(o.name)
-        seg, _, j = places[k]
-        segs.append(seg)
-        keys.append((j, suffix))
-    return segs, keys
-
-
-def _places(eqn_of: list[int], where: Callable[[int], tuple[int, int]]):
-    """(place per object: (segment, instance, index within them), first object of each)."""
-    count: dict[tuple[int, int], int] = {}
-    first: dict[tuple[int, int], int] = {}
+def _places(eqn_of: list[int], where: Callable[[int], int]):
+    """(each object's (block, index among its block's), first object of each block, count)."""
+    count: dict[int, int] = {}
+    first: dict[int, int] = {}
     out = []
     for k, e in enumerate(eqn_of):
         w = where(e)
         j = count.get(w, 0)
         count[w] = j + 1
         first.setdefault(w, k)
-        out.append((w[0], w[1], j))
+        out.append((w, j))
     return out, first, count
 
 
+def _keyed(objs, places) -> tuple[list[int], list[tuple[int, str]]]:
+    """Each marked object's block, and its key there (index of its origin, name suffix)."""
+    blk, key = [], []
+    for o in objs:
+        k, suffix = _origin(o.name)
+        b, j = places[k]
+        blk.append(b)
+        key.append((j, suffix))
+    return blk, key
+
+
 class _Stamp:
-    def __init__(self, graph: Graph, rep: Repeat, small: Program, task_eqn, buffer_eqn):
-        self.rep, self.small = rep, small
-        n = rep.count
-        full, f_task_eqn, f_buffer_eqn = lower_with_origins(graph)
-        self.full = full
+    """The whole program from the small program of `blocks` blocks (small_graph's), its last
+    `period` middle blocks copied in turn. modes (stamp_period.py): for a reference of a
+    template block t to object o of kind BUF / CTR, ABS (fixed) or d (d blocks back); None:
+    every reference to a block's object is relative, and the last block names none of block 0."""
 
-        def in_small(e: int) -> tuple[int, int]:
-            if e < 0:
-                return INPUT, 0
-            b = rep.block_of(e)
-            return (PRO if b < 0 else (FIRST, MID, LAST)[b] if b < 3 else EPI), 0
-
-        def in_full(e: int) -> tuple[int, int]:
-            if e < 0:
-                return INPUT, 0
-            b = rep.block_of(e)
-            if b < 0 or b >= n:
-                return (PRO if b < 0 else EPI), 0
-            return (FIRST, 0) if b == 0 else (LAST, 0) if b == n - 1 else (MID, b)
-
-        self.s_task, _, s_tcount = _places(task_eqn, in_small)
-        self.s_buf, _, s_bcount = _places(buffer_eqn, in_small)
-        _, self.f_task, f_tcount = _places(f_task_eqn, in_full)
-        _, self.f_buf, f_bcount = _places(f_buffer_eqn, in_full)
+    def __init__(self, graph: Graph, rep: Repeat, small: Program, task_eqn, buffer_eqn,
+                 blocks: int = 3, period: int = 1, lowered=None):
+        self.rep, self.small, self.K, self.p = rep, small, blocks, period
+        n = self.n = rep.count
+        if n < blocks or (n - blocks) % period or blocks - 1 - period < 1:
+            raise NoStamp
+        full, f_task_eqn, f_buffer_eqn = lowered or lower_with_origins(graph)
+        self.full, self.f_eqns = full, (f_task_eqn, f_buffer_eqn)
+        s_rep = Repeat(rep.start, rep.size, blocks, ())
+        self.s_task, _, s_tcount = _places(task_eqn, lambda e: INPUT if e < 0 else s_rep.block_of(e))
+        self.s_buf, _, s_bcount = _places(buffer_eqn, lambda e: INPUT if e < 0 else s_rep.block_of(e))
+        _, self.f_task, f_tcount = _places(f_task_eqn, lambda e: INPUT if e < 0 else rep.block_of(e))
+        _, self.f_buf, f_bcount = _places(f_buffer_eqn, lambda e: INPUT if e < 0 else rep.block_of(e))
         for s_count, f_count in ((s_tcount, f_tcount), (s_bcount, f_bcount)):
-            if any(f_count.get((seg, i if seg == MID else 0), 0) != c
-                   for (seg, _), c in s_count.items() for i in self.instances(seg)):
+            if any(f_count.get(w, 0) != s_count.get(self.sb(w), 0) for w in range(INPUT, n + 1)):
                 raise NoStamp
-        self.mids = range(1, n - 1)
+        self.modes: dict | None = None         # stamp_period.py's
+        self.fixed: tuple[set[int], set[int]] = (set(), set())
+        # block t's private inputs -> block 1's (rep.private maps block 1's to block b's)
+        self.inv = [{v: u for u, v in m.items()} for m in rep.private]
 
-    def instances(self, seg: int) -> range:
-        return range(1, self.rep.count - 1) if seg == MID else range(1)
+    # -- blocks: the small program's (s) and the whole one's (w) -------------------------------
+    def sb(self, w: int) -> int:
+        """The small program's block a whole program's block is a copy of."""
+        K, n, p = self.K, self.n, self.p
+        if w >= n - 1:
+            return w - n + K
+        if w <= K - 2:
+            return w
+        t0 = K - 1 - p
+        return t0 + (w - t0) % p
 
-    # -- the small program's objects ---------------------------------------------------------
+    def wb(self, s: int) -> int:
+        """The whole program's block of a small program's block (its first copy)."""
+        return s if s <= self.K - 2 else s - self.K + self.n
+
+    def template(self, s: int) -> bool:
+        return self.K - 1 - self.p <= s <= self.K - 2
+
+    # -- the small program's objects -----------------------------------------------------------
     def _read(self):
         p = self.small
-        self.t_seg, self.t_key = _placed(p.tasks, self.s_task)
-        if any(a > b for a, b in zip(self.t_seg, self.t_seg[1:])):
+        self.blk, self.key = [[], []], [[], []]
+        self.blk[BUF], self.key[BUF] = _keyed(p.buffers, self.s_buf)
+        self.t_blk, self.t_key = _keyed(p.tasks, self.s_task)
+        if any(a > b for a, b in zip(self.t_blk, self.t_blk[1:])):
             raise NoStamp                       # the blocks' tasks are not in block order
-        self.b_seg, self.b_key = _placed(p.buffers, self.s_buf)
-        self.c_seg = [None] * len(p.counters)
+        first = [-1] * len(p.counters)
         self.c_size = [0] * len(p.counters)
-        for t, seg in zip(p.tasks, self.t_seg):
+        for i, t in enumerate(p.tasks):
             c = t.out_counter
-            if self.c_seg[c] not in (None, seg):
-                raise NoStamp
-            self.c_seg[c] = seg
+            if first[c] < 0:
+                first[c] = i
             self.c_size[c] += 1
-        if any(c.id != i or c.init for i, c in enumerate(p.counters)) or None in self.c_seg:
+        if any(c.id != i or c.init for i, c in enumerate(p.counters)) or -1 in first:
             raise NoStamp
-
-    def _twins(self):
-        """first block's object -> its middle block twin (the block before a middle one)."""
-        def twins(segs, keys):
-            mid = {}
-            for i, (s, k) in enumerate(zip(segs, keys)):
-                if s == MID:
-                    if k in mid:
-                        raise NoStamp
-                    mid[k] = i
-            return {i: mid[k] for i, (s, k) in enumerate(zip(segs, keys))
-                    if s == FIRST and k in mid}
-        self.b_twin = twins(self.b_seg, self.b_key)
-        t_twin = twins(self.t_seg, self.t_key)
-        tasks = self.small.tasks
-        self.c_twin = {}
-        for i, j in t_twin.items():
-            a, b = tasks[i].out_counter, tasks[j].out_counter
-            if self.c_twin.get(a, b) != b or self.c_size[a] != self.c_size[b]:
-                raise NoStamp
-            self.c_twin[a] = b
+        # a counter of two blocks: only stamp_period.py's modes say which block's it is
+        self.spans = any(self.t_blk[first[t.out_counter]] != b for t, b in zip(p.tasks, self.t_blk))
+        self.blk[CTR] = [self.t_blk[i] for i in first]
+        self.key[CTR] = [self.t_key[i] for i in first]
+        self.by_key: list[dict] = [{}, {}]
+        for kind in (BUF, CTR):
+            for o, (b, k) in enumerate(zip(self.blk[kind], self.key[kind])):
+                if self.by_key[kind].setdefault((b, k), o) != o:
+                    raise NoStamp
+        self.t_range: dict[int, tuple[int, int]] = {}
+        for i, b in enumerate(self.t_blk):
+            lo, _ = self.t_range.get(b, (i, i))
+            self.t_range[b] = (lo, i + 1)
 
     # -- the whole program's numbering ---------------------------------------------------------
-    def _layout(self, segs: list[int]) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
-        """Objects in the small program's order, each run of middle ones once per middle block."""
+    def _layout(self, blks: list[int]) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
+        """(object, whole block) in order: the small program's, each run of the middle blocks'
+        objects laid out once per whole middle block."""
+        K, n = self.K, self.n
         order: list[tuple[int, int]] = []
         i = 0
-        while i < len(segs):
+        while i < len(blks):
+            if not 1 <= blks[i] <= K - 2:
+                order.append((i, self.wb(blks[i])))
+                i += 1
+                continue
             j = i
-            while j < len(segs) and (segs[j] == MID) == (segs[i] == MID):
+            by_blk: dict[int, list[int]] = {}
+            while j < len(blks) and 1 <= blks[j] <= K - 2:
+                if blks[j] < blks[j - 1] and j > i:
+                    raise NoStamp
+                by_blk.setdefault(blks[j], []).append(j)
                 j += 1
-            if segs[i] == MID:
-                order += [(k, m) for m in self.mids for k in range(i, j)]
-            else:
-                order += [(k, 0) for k in range(i, j)]
+            for w in range(1, n - 1):
+                order += [(o, w) for o in by_blk.get(self.sb(w), ())]
             i = j
-        return order, {o: n for n, o in enumerate(order)}
+        return order, {o: x for x, o in enumerate(order)}
 
-    def _ref(self, ids: dict, twin: dict, segs: list[int], o: int, seg: int, m: int) -> int:
-        """The whole program's id of object o (a buffer or counter) named by a task at (seg, m)."""
-        s = segs[o]
-        if s == MID:
-            if seg == MID:
-                return ids[(o, m)]
-            if seg > MID:
-                return ids[(o, self.rep.count - 2)]
-            raise NoStamp
-        if s == FIRST and seg == MID and m > 1:
-            if o not in twin:
+    def _mode(self, kind: int, o: int, t: int):
+        """ABS or the blocks back that task block t's reference to object o looks."""
+        c = self.blk[kind][o]
+        if c < 0:
+            return ABS
+        if self.modes is None:
+            if t >= self.K - 1 and c == 0:
                 raise NoStamp
-            return ids[(twin[o], m - 1)]
-        if s > seg or (s == FIRST and seg > MID):
-            raise NoStamp
-        return ids[(o, 0)]
+            return t - c
+        if t >= self.K - 1:
+            if o in self.fixed[kind]:
+                return ABS
+            if c == 0:
+                raise NoStamp
+            return t - c
+        try:
+            return self.modes[(kind, t, o)]
+        except KeyError:
+            raise NoStamp from None
 
-    def program(self) -> Program:
-        self._read()
-        self._twins()
+    def _ref(self, kind: int, o: int, t: int, w: int) -> int:
+        """The whole program's id of object o named by a task of small block t, copied to w."""
+        c = self.blk[kind][o]
+        if c == INPUT:
+            return self.rep.private[w].get(self.inv[t].get(o), o) if w != t and self.template(t) else o
+        if c > t:
+            raise NoStamp
+        if w <= self.K - 2:                     # the whole program is the small one here
+            return self.ids[kind][(o, self.wb(c))]
+        d = self._mode(kind, o, t)
+        if d is ABS:
+            if self.template(c):
+                raise NoStamp
+            return self.ids[kind][(o, self.wb(c))]
+        v = w - d
+        got = self.by_key[kind].get((self.sb(v), self.key[kind][o]))
+        if got is None:
+            raise NoStamp
+        return self.ids[kind][(got, v)]
+
+    def program(self, marked: bool = False) -> Program:
+        """The whole program (marked: names MARKed with the whole lowered program's indices)."""
+        if not hasattr(self, "t_blk"):
+            self._read()
+        if self.modes is None and self.spans:
+            raise NoStamp
         p, full = self.small, self.full
-        b_order, b_ids = self._layout(self.b_seg)
-        c_order, c_ids = self._layout(self.c_seg)
-        private = self.rep.private
+        b_order, b_ids = self._layout(self.blk[BUF])
+        c_order, c_ids = self._layout(self.blk[CTR])
+        self.ids = (b_ids, c_ids)
         buffers = []
         lowered_to = {}                       # the whole lowered program's buffer -> its id here
-        for i, (o, m) in enumerate(b_order):
+        for i, (o, w) in enumerate(b_order):
             b = p.buffers[o]
-            seg, (j, suffix) = self.b_seg[o], self.b_key[o]
-            k = j if seg == INPUT else self.f_buf[(seg, m)] + j
+            j, suffix = self.key[BUF][o]
+            k = j if w == INPUT else self.f_buf[w] + j
             if not suffix:
                 lowered_to[k] = i
-            buffers.append(Buffer(i, full.buffers[k].name + suffix, b.kind, b.dtype, b.shape,
-                                  b.source))
+            name = f"{k}{MARK}{suffix}" if marked else full.buffers[k].name + suffix
+            buffers.append(Buffer(i, name, b.kind, b.dtype, b.shape, b.source))
         memo: dict[tuple, tuple] = {}
 
-        def buffer_ids(bs: tuple[int, ...], seg: int, m: int) -> tuple[int, ...]:
-            key = (bs, seg, m)
+        def buffer_ids(bs: tuple[int, ...], t: int, w: int) -> tuple[int, ...]:
+            key = (bs, t, w)
             got = memo.get(key)
             if got is None:
-                got = memo[key] = tuple(
-                    private[m].get(b, b) if self.b_seg[b] == INPUT and seg == MID
-                    else self._ref(b_ids, self.b_twin, self.b_seg, b, seg, m) for b in bs)
+                got = memo[key] = tuple(self._ref(BUF, b, t, w) for b in bs)
             return got
 
-        def waits(ws: tuple[Wait, ...], seg: int, m: int) -> tuple[Wait, ...]:
-            key = (ws, seg, m)
+        blocks = [w for w in range(-1, self.n + 1) if self.sb(w) in self.t_range]
+        placed = []                            # (small task, whole block, out counter)
+        for w in blocks:
+            t = self.sb(w)
+            lo, hi = self.t_range[t]
+            c_of: dict[int, int] = {}
+            for i in range(lo, hi):
+                c = p.tasks[i].out_counter
+                got = c_of.get(c)
+                if got is None:
+                    got = c_of[c] = self._ref(CTR, c, t, w)
+                placed.append((i, w, got))
+        count = [0] * len(c_order)             # each whole counter's incrementers
+        for _, _, c in placed:
+            count[c] += 1
+
+        def waits(ws: tuple[Wait, ...], t: int, w: int) -> tuple[Wait, ...]:
+            key = (ws, t, w)
             got = memo.get(key)
             if got is None:
-                got = memo[key] = tuple(
-                    Wait(self._ref(c_ids, self.c_twin, self.c_seg, w.counter, seg, m), w.threshold)
-                    for w in ws)
+                got = memo[key] = tuple(self._wait(x, t, w, count) for x in ws)
             return got
 
         tasks = []
         self.origins = []                      # each task's lowered task in self.full
-        runs: list[tuple[int, int]] = []       # (first task, end) of each segment's run
-        for i, seg in enumerate(self.t_seg):
-            if runs and self.t_seg[runs[-1][0]] == seg:
-                runs[-1] = (runs[-1][0], i + 1)
-            else:
-                runs.append((i, i + 1))
-        for lo, hi in runs:
-            seg = self.t_seg[lo]
-            for m in self.instances(seg):
-                first = self.f_task[(seg, m)]
-                for t, (j, suffix) in zip(p.tasks[lo:hi], self.t_key[lo:hi]):
-                    new = new_task(
-                        len(tasks), t.op, buffer_ids(t.inputs, seg, m),
-                        buffer_ids(t.outputs, seg, m), t.params, waits(t.waits, seg, m),
-                        self._ref(c_ids, self.c_twin, self.c_seg, t.out_counter, seg, m),
-                        full.tasks[first + j].name + suffix)
-                    tasks.append(new)
-                    self.origins.append(first + j)
+        for i, w, c in placed:
+            t = p.tasks[i]
+            j, suffix = self.t_key[i]
+            k = self.f_task[w] + j
+            tasks.append(new_task(
+                len(tasks), t.op, buffer_ids(t.inputs, self.t_blk[i], w),
+                buffer_ids(t.outputs, self.t_blk[i], w), t.params, waits(t.waits, self.t_blk[i], w),
+                c, f"{k}{MARK}{suffix}" if marked else full.tasks[k].name + suffix))
+            self.origins.append(k)
         try:
             outputs = tuple(lowered_to[b] for b in full.outputs)
         except KeyError:
             raise NoStamp from None
         return Program(tuple(buffers), tuple(Counter(i) for i in range(len(c_order))),
                        tuple(tasks), (), p.name, outputs)
+
+    def _wait(self, x: Wait, t: int, w: int, count: list[int]) -> Wait:
+        """A wait copied: a counter with as many incrementers keeps its threshold; a fixed one
+        with more in the whole program (a group that every block adds to), waited for whole in
+        the small program, is waited for whole."""
+        o = x.counter
+        c = self._ref(CTR, o, t, w)
+        size = self.c_size[o]
+        if count[c] == size:
+            return Wait(c, x.threshold)
+        if x.threshold != size or c != self.ids[CTR].get((o, self.wb(self.blk[CTR][o]))):
+            raise NoStamp
+        return Wait(c, count[c])

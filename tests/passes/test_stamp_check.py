@@ -76,8 +76,8 @@ def test_a_mismatch_runs_the_plain_pipeline(monkeypatch):
     graph = decoder_graph(SHAPES["1b"])
     right = stamp_mod._Stamp.program
 
-    def wrong(self):
-        return _swapped(right(self), 2, "wk")[0]
+    def wrong(self, *args):
+        return _swapped(right(self, *args), 2, "wk")[0]
     monkeypatch.setattr(stamp_mod._Stamp, "program", wrong)
     with pytest.warns(RuntimeWarning, match="plain pipeline runs"):
         assert stamped(graph, OPTIONS["cuda"], LOCAL) is None
