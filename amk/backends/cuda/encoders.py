@@ -8,7 +8,8 @@ import math
 from amk.program.ir import BufferKind, DType, InstructionKind as K
 from amk.program.regions import NEW_KV, combine_partials, seq_range
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
-from amk.backends.cuda.smem import NTHREADS, XS_MAX
+from amk.backends.cuda.ring import SEG_BYTES
+from amk.backends.cuda.smem import NWARPS, XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
                                      int_input)
 
@@ -25,10 +26,6 @@ def gemv_direct(*, tx, tw, ty, ts, nmat, epi, bias, tr, to, norm=False, nx="floa
                       tr=tr, to=to, norm=norm, nx=nx, nw=nw, pre=pre, rn=rn, sr=sr)
 
 
-DIRECT_ITEM_BYTES = 4096    # op_gemv_direct's K segment a row: 32 lanes x GU = 8 vectors of 16 B
-NWARPS = NTHREADS // 32
-
-
 def direct_sr(nmat: int, n_tile: int, row_bytes: int) -> int:
     """Row groups (two rows each) an op_gemv_direct item takes: rows of at most 2 KiB (1 KiB)
     fill half (a quarter) of an item's 4 KiB segment, so 2 (4) groups share an item and a warp
@@ -38,7 +35,7 @@ def direct_sr(nmat: int, n_tile: int, row_bytes: int) -> int:
     groups = n_tile if nmat == 2 else -(-n_tile // 2)
     busiest = -(-groups // NWARPS)
     for sr in (4, 2):
-        if row_bytes * sr <= DIRECT_ITEM_BYTES and -(-groups // sr // NWARPS) * sr <= busiest:
+        if row_bytes * sr <= SEG_BYTES and -(-groups // sr // NWARPS) * sr <= busiest:
             return sr
     return 1
 

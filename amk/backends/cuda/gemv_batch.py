@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
+from amk.backends.cuda.smem import NWARPS, SMEM_BYTES
 from amk.backends.cuda.steps import Variant
 
 NB_MAX = 4                       # n-tiles of 8 rows of x a pass (registers: 4 x 8 accumulators)
@@ -36,7 +36,6 @@ KU = 2                           # k-blocks (16-byte loads per row per lane) an 
 KU_XR = 1                        # with x through the ring: x's rows of a job are 64 bytes (no
 #                                  bank conflicts, mma_issue_x)
 VW = {0: 8, 1: 16, 2: 32, 3: 16}  # elements of a 16-byte weight vector, by QMODE
-NWARPS = NTHREADS // 32
 RD_MAX = 6                       # stages of a warp's ring (the template waits for up to 5 behind)
 RD_GOOD = 3                      # 2 stages ahead: 64 KiB an SM in flight, a window's x staging
 #                                  (~2 us) covered

@@ -11,14 +11,13 @@ lane in flight.
 """
 from __future__ import annotations
 
-from amk.backends.cuda.smem import NTHREADS
+from amk.backends.cuda.smem import NWARPS
 from amk.backends.cuda.steps import RMS_RN, Variant
 
 VW = {1: 16, 2: 32, 3: 16}        # weights a 16-byte vector, by QMODE (templates: QVec)
 GU = {1: 4, 2: 2, 3: 4}           # vectors a row a lane an item holds
 LOADS = {1: 16, 2: 12, 3: 16}     # 16-byte loads a lane an item holds at most (int4: 16 spilled)
 SEGMENT = 2048                    # weights of K an item's row covers: 32 lanes x GU x VW
-NWARPS = NTHREADS // 32
 
 
 def group_shift(qmode: int, group: int, ngroups: int) -> int | None:

@@ -19,6 +19,7 @@ Kernel v2 (ring.py): the same 512 threads (its consumers) plus a producer warpgr
 from __future__ import annotations
 
 NTHREADS = 512                   # threads of the one persistent CTA an SM (v2: its consumers)
+NWARPS = NTHREADS // 32
 # v2: a producer warpgroup after them (a lane of its first warp streams each ring page).
 # setmaxnreg, which moves registers between roles, works on whole warpgroups, and a CTA of 17
 # warps launches with 96 registers a thread (5 warps on one SM sub-partition's 16 K registers),
