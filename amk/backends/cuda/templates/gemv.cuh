@@ -193,14 +193,13 @@ __device__ __forceinline__ void direct_rows(const char* (&row)[SR][2], bool (&li
   }
 }
 
-template <int NMAT, int GU, int SR = 1>
-__device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, int n_off, int n_tile,
-                                            long long rbytes, int nv, int nseg, int it) {
+// The item's vectors from its rows (direct_rows): global memory (SMEM false) or the preloaded
+// rows in shared memory (SMEM).
+template <int GU, int SR, bool SMEM>
+__device__ __forceinline__ void direct_fill(uint4 (&wv)[2][GU], const char* const (&row)[SR][2],
+                                            const bool (&live)[SR][2], int nv, int seg) {
   constexpr int GS = GU / SR;
-  const int lane = threadIdx.x & 31, seg = SR == 1 ? it % nseg : 0;
-  const char* row[SR][2]; bool live[SR][2];
-  direct_rows<NMAT, SR>(row, live, (const char*)P[1] + (long long)n_off * rbytes,
-                            (const char*)P[NMAT == 2 ? 2 : 1] + (long long)n_off * rbytes, 0, n_tile, rbytes, nseg, it);
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int s = 0; s < SR; s++)
 #pragma unroll
@@ -208,8 +207,20 @@ __device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, 
 #pragma unroll
       for (int u = 0; u < GS; u++) {
         const int v = seg * 32 * GU + u * 32 + lane;
-        wv[j][s * GS + u] = (live[s][j] && v < nv) ? ldg_stream(row[s][j] + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+        if (SMEM)
+          wv[j][s * GS + u] = (live[s][j] && v < nv) ? *(const uint4*)(row[s][j] + v * 16) : make_uint4(0u, 0u, 0u, 0u);
+        else
+          wv[j][s * GS + u] = (live[s][j] && v < nv) ? ldg_stream(row[s][j] + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
       }
+}
+
+template <int NMAT, int GU, int SR = 1>
+__device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, int n_off, int n_tile,
+                                            long long rbytes, int nv, int nseg, int it) {
+  const char* row[SR][2]; bool live[SR][2];
+  direct_rows<NMAT, SR>(row, live, (const char*)P[1] + (long long)n_off * rbytes,
+                            (const char*)P[NMAT == 2 ? 2 : 1] + (long long)n_off * rbytes, 0, n_tile, rbytes, nseg, it);
+  direct_fill<GU, SR, false>(wv, row, live, nv, SR == 1 ? it % nseg : 0);
 }
 
 // The same item from the preloaded rows (PRE a matrix, AMK_PRE_OFF: preload.py), laid out
@@ -217,19 +228,9 @@ __device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, 
 template <int NMAT, int GU, int SR = 1>
 __device__ __forceinline__ void direct_load_pre(uint4 (&wv)[2][GU], const char* pre, int pr, int n_tile,
                                                 long long rbytes, int nv, int nseg, int it) {
-  constexpr int GS = GU / SR;
-  const int lane = threadIdx.x & 31, seg = SR == 1 ? it % nseg : 0;
   const char* row[SR][2]; bool live[SR][2];
   direct_rows<NMAT, SR>(row, live, pre, pre, pr, n_tile, rbytes, nseg, it);
-#pragma unroll
-  for (int s = 0; s < SR; s++)
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-      for (int u = 0; u < GS; u++) {
-        const int v = seg * 32 * GU + u * 32 + lane;
-        wv[j][s * GS + u] = (live[s][j] && v < nv) ? *(const uint4*)(row[s][j] + v * 16) : make_uint4(0u, 0u, 0u, 0u);
-      }
+  direct_fill<GU, SR, true>(wv, row, live, nv, SR == 1 ? it % nseg : 0);
 }
 
 // op_gemv_direct's item `it` against x: each of its rows' sum into part[row slot, segment]
