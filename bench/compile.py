@@ -57,7 +57,7 @@ def tables_digest(low) -> str:
     for name in ("tasks", "waits", "ptr_refs"):
         a = getattr(low, name)
         h.update(name.encode() + repr((a.dtype.descr, a.shape)).encode() + a.tobytes())
-    h.update(repr((low.variants, low.n_program_tasks, low.ranges, low.scratch_bytes,
+    h.update(repr((list(low.variants), low.n_program_tasks, low.ranges, low.scratch_bytes,
                    low.queues)).encode())
     return h.hexdigest()[:16]
 

@@ -101,7 +101,7 @@ class PassOptions:
         if backend == "cuda":      # batch 1's combine recomputed by each o-projection tile where
             # that pays (split_kv): no hop; the attention waits for the k/v projections, not for
             # the cache appends
-            from amk.backends.cuda.codegen import MAX_PTRS
+            from amk.backends.cuda.abi import MAX_PTRS
             from amk.backends.cuda.smem import FOLD_STAGE_TOP
             return PassOptions(target=gpu_target(device), combine_per_group=False,
                                fold_partial_bytes=FOLD_STAGE_TOP, max_kv_shards=MAX_PTRS - 8,

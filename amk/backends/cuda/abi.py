@@ -12,6 +12,7 @@ from amk.program.ir import DType, InstructionKind
 
 # The task descriptor: one per task and one per FUSED step (a "sub-task").
 # (name, C type, count). Every field is 4 bytes, so C and numpy agree on the layout without padding.
+MAX_PTRS = 64      # operands one descriptor may have (a split-KV combine has P + 1)
 N_IP = 24          # integer parameter slots (a descriptor stays a multiple of 16 bytes)
 N_FP = 4           # float parameter slots
 INLINE_WAITS = 4         # waits a TaskDesc carries itself (more: read from the waits table)

@@ -11,24 +11,24 @@ import hashlib
 from pathlib import Path
 from string import Template
 
-import numpy as np
 
 from amk.errors import CompileError
 from amk.program.ir import Program
 from amk.backends.cuda import abi
+from amk.backends.cuda.abi import MAX_PTRS
 from amk.backends.cuda.lowered_cache import lower_program_cached
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda import ring
 from amk.backends.cuda.smem import (CONSUMER_REGS, NTHREADS, PRE_OFF, PRODUCER_REGS, RING_OFF, STAGE_OFF,
                                     cta_threads, stage_bytes)
 from amk.backends.cuda.steps import RMS_RN, Variant
+from amk.backends.cuda.kernel_spec import KernelSpec
 from amk.backends.cuda.tables import Lowered
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
 TEMPLATE_FILES = ("common.cuh", "ring.cuh", "ops_simple.cuh", "ops_models.cuh", "gemv.cuh", "gemv_quant.cuh",
                   "gemv_batch.cuh", "attention.cuh", "attention_mma.cuh", "scheduler.cu")
-MAX_PTRS = 64                    # operands one task may have (a split-KV combine has P + 1)
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,26 +52,29 @@ def call_text(v: Variant) -> str:
 
 
 def render_lowered(low: Lowered, options: CudaOptions = CudaOptions()) -> str:
-    """The kernel source of lowered tables (options.source instead, when set: an edited
-    kernel.cu fed back for an experiment; it must match these tables' ABI)."""
+    """The kernel source of lowered tables (render_spec of their spec)."""
+    return render_spec(low.spec, options)
+
+
+def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
+    """The kernel source for a kernel spec (options.source instead, when set: an edited
+    kernel.cu fed back for an experiment; it must match the tables' ABI)."""
     if options.source is not None:
         return options.source
-    tasks = low.tasks              # columns, not rows: a row at a time costs ~0.1 s for 2e4
-    too_many = [int(i) for i in tasks["task_id"][tasks["n_in"] + tasks["n_out"] > MAX_PTRS]]
-    if too_many:
-        raise CompileError(f"CUDA backend: tasks {too_many[:8]} have more than {MAX_PTRS} operands")
-    cases = "\n".join(f"    case {i}: {call_text(v)}; break;" for i, v in enumerate(low.variants))
+    if spec.too_many:
+        raise CompileError(f"CUDA backend: tasks {list(spec.too_many[:8])} have more than {MAX_PTRS} operands")
+    cases = "\n".join(f"    case {i}: {call_text(v)}; break;" for i, v in enumerate(spec.variants))
     t = _templates()
-    parts = [f"// AMK megakernel: {len(low.variants)} instruction variants\n",
+    parts = [f"// AMK megakernel: {len(spec.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {NTHREADS}\n#define AMK_CTA_THREADS {cta_threads(options.kernel)}\n"
              f"#define AMK_STAGE_OFF {STAGE_OFF}\n#define AMK_STAGE_BYTES {stage_bytes(options.kernel)}\n"
-             + _ring_defines(low, options) +
+             + _ring_defines(spec, options) +
              f"#define AMK_SPIN_NS {options.spin_ns}\n#define AMK_CSTRIDE {options.counter_stride}\n"
-             f"#define AMK_PRE {int(bool(tasks['n_pre'].any()))}\n#define AMK_PRE_OFF {PRE_OFF}\n"
+             f"#define AMK_PRE {int(spec.pre)}\n#define AMK_PRE_OFF {PRE_OFF}\n"
              f"#define AMK_RMS_RN {RMS_RN}\n"
              # code for what the program does not use is not compiled (dead code in the hot
              # functions costs time: NOTES v16a)
-             f"#define AMK_ZERO {int(bool(tasks['n_zero'].any()))}\n",
+             f"#define AMK_ZERO {int(spec.zero)}\n",
              abi.render_header()]
     if options.profile:
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n")
@@ -82,14 +85,12 @@ def render_lowered(low: Lowered, options: CudaOptions = CudaOptions()) -> str:
     return "\n".join(parts)
 
 
-def _ring_defines(low: Lowered, options: CudaOptions) -> str:
+def _ring_defines(spec: KernelSpec, options: CudaOptions) -> str:
     """Kernel v2's switch and its ring's geometry (ring.py): the page is the largest item of the
     program's RING steps, as many pages as the ring's bytes hold."""
     if options.kernel != "v2":
         return "#define AMK_KERNEL_V2 0\n#define AMK_RING_OFF 0\n#define AMK_RING_SLOT 16\n#define AMK_RING_PAGES 1\n"
-    on = [i for i, v in enumerate(low.variants) if v.fn == "op_gemv_direct" and v.arg("ring")]
-    rows = low.tasks["ip"][np.isin(low.tasks["variant"], on), abi.ip_index("GEMV", "ROWB")]
-    slot = ring.slot_bytes(int(r) for r in rows)
+    slot = spec.ring_slot
     return (f"#define AMK_KERNEL_V2 1\n#define AMK_RING_OFF {RING_OFF}\n"
             f"#define AMK_CONSUMER_REGS {CONSUMER_REGS}\n#define AMK_PRODUCER_REGS {PRODUCER_REGS}\n"
             f"#define AMK_RING_SLOT {slot}\n#define AMK_RING_PAGES {ring.pages(slot)}\n")

@@ -230,15 +230,16 @@ def arch_of(device) -> str:
 def start_program(program: Program, n_ctas: int, arch: str,
                   options: CudaOptions = CudaOptions()) -> None:
     """start_compile of ``program``'s kernel on ``n_ctas`` queues (as CudaProgram will render
-    it), for amk.jit to call before the program's final proof. Best effort: a program this
-    fails on fails again, with its proper error, where it is compiled for real."""
-    from amk.backends.cuda.codegen import render_lowered
+    it), for amk.jit to call before the program's final proof: as soon as the kernel spec is
+    known, the tables packed beside NVRTC. Best effort: a program this fails on fails again,
+    with its proper error, where it is compiled for real."""
+    from amk.backends.cuda.codegen import render_spec
     from amk.backends.cuda.lowered_cache import lower_program_cached
     try:
-        source = render_lowered(lower_program_cached(program, n_ctas, options), options)
+        lower_program_cached(program, n_ctas, options,
+                             on_spec=lambda spec: start_compile(render_spec(spec, options), arch, options))
     except Exception:
         return
-    start_compile(source, arch, options)
 
 
 def compile_cuda(program: Program, arch: str = "sm_90a",

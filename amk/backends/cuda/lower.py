@@ -3,12 +3,15 @@
     encode   every task (encoders.py; a FUSED task's recipe: fused.py)
     fold     merge steps the templates run as one (folds.FOLDS, then the program-level argmax
              and preload folds): fold_program -> Folded, the backend's first stage
+    spec     what kernel.cu depends on (kernel_spec.py): NVRTC may start here
     pack     into descriptor arrays (tables.pack) -> Lowered
 
 Nothing here touches a GPU: pointers are symbolic and the runtime resolves them once the
 buffers are bound.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from amk.gcpause import without_gc
 from amk.identity_memo import IdentityMemo
@@ -17,6 +20,7 @@ from amk.program.regions import operand_pattern
 from amk.backends.cuda.argmax_fold import ArgmaxFolds
 from amk.backends.cuda.encoders import encode_op
 from amk.backends.cuda.folds import fold_steps
+from amk.backends.cuda.kernel_spec import KernelSpec, kernel_spec
 from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
@@ -167,10 +171,15 @@ class _Template:
                 [(new[k].ref, off, n) for k, off, n in self.preload])
 
 
-def lower_program(program: Program, n_ctas: int = 132,
-                  options: CudaOptions = CudaOptions()) -> Lowered:
-    """The kernel's tables for ``program`` (fold_program, then tables.pack)."""
-    return pack(program, fold_program(program, n_ctas, options))
+def lower_program(program: Program, n_ctas: int = 132, options: CudaOptions = CudaOptions(),
+                  on_spec: Callable[[KernelSpec], None] | None = None) -> Lowered:
+    """The kernel's tables for ``program`` (fold_program, then tables.pack). on_spec gets the
+    kernel spec before the tables are packed (compile.start_program starts NVRTC there)."""
+    folded = fold_program(program, n_ctas, options)
+    spec = kernel_spec(folded)
+    if on_spec is not None:
+        on_spec(spec)
+    return pack(program, folded, spec)
 
 
 def _queues(program: Program, n_ctas: int) -> list[list[int]]:

@@ -43,18 +43,30 @@ _LAST = IdentityMemo(limit=1)
 
 
 def lower_program_cached(program: Program, n_ctas: int = 132,
-                         options: CudaOptions = CudaOptions()):
-    return _LAST.get(program, (n_ctas, options.key()), lambda: _lower(program, n_ctas, options))
+                         options: CudaOptions = CudaOptions(), on_spec=None):
+    """lower_program through the memo and the disk cache. on_spec(spec), when given, is called
+    once with the kernel spec: before the tables are packed when they are lowered now."""
+    told = []
+
+    def tell(spec) -> None:
+        told.append(True)
+        on_spec(spec)
+
+    low = _LAST.get(program, (n_ctas, options.key()),
+                    lambda: _lower(program, n_ctas, options, tell if on_spec else None))
+    if on_spec is not None and not told:
+        on_spec(low.spec)
+    return low
 
 
 @without_gc
-def _lower(program: Program, n_ctas: int, options: CudaOptions):
+def _lower(program: Program, n_ctas: int, options: CudaOptions, on_spec):
     from amk.backends.cuda import lower
     if options.cache_dir is None:
-        return lower.lower_program(program, n_ctas, options)
+        return lower.lower_program(program, n_ctas, options, on_spec)
     path = options.cache_dir / "cuda" / f"{_key(program, n_ctas, options)}.lowered.pkl"
     low = read_pickle(path)
     if not isinstance(low, lower.Lowered):
-        low = lower.lower_program(program, n_ctas, options)
+        low = lower.lower_program(program, n_ctas, options, on_spec)
         write_pickle(path, low)
     return low

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from amk.errors import CompileError
 from amk.program.ir import BufferKind, DType
@@ -127,7 +128,7 @@ class FoldedTask:
     preload: list = field(default_factory=list)
     preload_step: int = -1               # the step whose ip PRE reads the preloaded rows
 
-    @property
+    @cached_property      # steps are replaced in place only by steps over the same views
     def one(self) -> bool:
         return (len(self.steps) == 1 and not self.zero
                 and all(v.ref[0] == REF_BUFFER for v in self.steps[0][1] + self.steps[0][2]))

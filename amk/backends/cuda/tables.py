@@ -13,6 +13,7 @@ from amk.gcpause import without_gc
 from amk.identity_memo import IdentityMemo
 from amk.program.ir import InstructionKind as K, Program
 from amk.backends.cuda import abi
+from amk.backends.cuda.kernel_spec import KernelSpec, kernel_spec, runs_steps
 from amk.backends.cuda.steps import REF_SCRATCH, Encoded, Folded, Variant, View, fail
 
 class _Desc(NamedTuple):
@@ -40,7 +41,7 @@ _FIELDS = _Desc._fields
 
 @dataclass
 class Lowered:
-    variants: list[Variant]
+    spec: KernelSpec                     # what kernel.cu depends on (its variants: the switch)
     tasks: np.ndarray                    # TASK_DTYPE, program tasks first then FUSED steps
     n_program_tasks: int
     waits: np.ndarray                    # WAIT_DTYPE
@@ -49,9 +50,16 @@ class Lowered:
     scratch_bytes: int
     queues: list[list[int]]              # per-CTA task ids (program order within a queue)
 
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        return self.spec.variants
+
 
 @without_gc
-def pack(program: Program, folded: Folded) -> Lowered:
+def pack(program: Program, folded: Folded, spec: KernelSpec | None = None) -> Lowered:
+    """The descriptor arrays of the folded program; spec: kernel_spec(folded), when the caller
+    has it already (its variant numbers are the descriptors')."""
+    spec = kernel_spec(folded) if spec is None else spec
     n_inc = np.zeros(len(program.counters), dtype=np.int64)
     for t in program.tasks:
         if t.out_counter is not None and t.out_counter >= 0:
@@ -62,7 +70,7 @@ def pack(program: Program, folded: Folded) -> Lowered:
     subs: list[_Desc] = []
     contents: list[tuple] = []
     sub_contents: list[tuple] = []
-    encs = _Encodings()
+    encs = _Encodings(spec.encoded)
     waits: list[tuple[int, int, int]] = []
     refs: list[int] = []                  # (kind, id | offset) pairs, flat: one array at the end
     ranges: list[tuple[tuple[int, int], int, int]] = []
@@ -84,7 +92,7 @@ def pack(program: Program, folded: Folded) -> Lowered:
                 fail(t, f"waits on counter {w.counter}, which does not exist")
             waits.append((w.counter, w.threshold, int(n_inc[w.counter])))
         out_counter = t.out_counter if t.out_counter is not None else -1
-        if t.op == K.FUSED and not ft.one:
+        if runs_steps(ft):
             c = encs.of(_FUSED_ENC)
             ptr_begin = pointers(ft.ins, ft.outs)
             sub_begin, zero_begin = n_prog + len(subs), len(ranges)
@@ -116,7 +124,7 @@ def pack(program: Program, folded: Folded) -> Lowered:
     if waits:
         wt["counter"], wt["threshold"], wt["stride"] = _columns(
             [(c, th & 0xFFFFFFFF, st) for c, th, st in waits], 3)
-    return Lowered(variants=_with_pre(encs.variants(), table), tasks=table,
+    return Lowered(spec=spec, tasks=table,
                    n_program_tasks=n_prog, waits=wt,
                    ptr_refs=np.array(refs, dtype=np.int64).reshape(-1, 2),
                    ranges=ranges, scratch_bytes=folded.scratch_bytes, queues=folded.queues)
@@ -127,27 +135,23 @@ _FUSED_ENC = Encoded(int(K.FUSED), None)      # a FUSED task's own descriptor: i
 
 class _Encodings:
     """Each Encoded's descriptor content, once per object (the tasks of a kind share theirs):
-    (op, variant index, ip (slots, values), fp (slots, values)). Variants are numbered in the
-    order the descriptors first name them."""
+    (op, variant index, ip (slots, values), fp (slots, values)). Variants are numbered as the
+    kernel spec lists them (the order the descriptors first name them)."""
 
-    def __init__(self):
-        self._variants: dict[Variant, int] = {}
+    def __init__(self, encoded: tuple[Variant, ...]):
+        self._variants = {v: i for i, v in enumerate(encoded)}
         self._memo = IdentityMemo()
 
     def of(self, enc: Encoded) -> tuple:
         return self._memo.get(enc, None, lambda: self._content(enc))
 
     def _content(self, enc: Encoded) -> tuple:
-        var = -1 if enc.variant is None else self._variants.setdefault(enc.variant,
-                                                                        len(self._variants))
+        var = -1 if enc.variant is None else self._variants[enc.variant]
         g = enc.group
         # the slot index of each name (a name the group lacks raises), values cast as they go
         ip = ([abi.ip_index(g, n) for n in enc.ip], [int(v) for v in enc.ip.values()])
         fp = ([abi.fp_index(g, n) for n in enc.fp], [float(v) for v in enc.fp.values()])
         return enc.op, var, ip, fp
-
-    def variants(self) -> list[Variant]:
-        return list(self._variants)
 
 
 def _columns(rows: list, n: int) -> list[list]:
@@ -188,11 +192,3 @@ def _table(descs: list[_Desc], contents: list[tuple], pre: dict[int, tuple[int, 
     table["ip"], table["fp"] = ip, fp
     table["wait_c"], table["wait_t"], table["wait_s"] = wc, wt, ws
     return table
-
-
-def _with_pre(variants: list[Variant], table: np.ndarray) -> list[Variant]:
-    """The preloaded-rows path only in the op_gemv_direct variants some task of which uses it
-    (the o tiles after a combine): never-run code in a hot function costs time (NOTES v16)."""
-    pre = table["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
-    return [v.with_(pre=True) if v.fn == "op_gemv_direct" and pre[table["variant"] == i].any()
-            else v for i, v in enumerate(variants)]

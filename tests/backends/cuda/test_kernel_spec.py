@@ -1,0 +1,80 @@
+"""The kernel spec (what kernel.cu depends on), read off the folded program before packing,
+agrees with the packed tables: every case of the switch is a variant the descriptors name, the
+preloaded-rows path only where a descriptor reads preloaded rows, the program-wide flags as the
+tables have them, kernel v2's page from its ring steps; and a descriptor with too many
+operands is refused before NVRTC."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from amk.backends.cuda import CudaOptions, abi, kernel_spec as ks, ring
+from amk.backends.cuda.codegen import render_lowered, render_spec
+from amk.backends.cuda.lower import fold_program, lower_program
+from amk.errors import CompileError
+from amk.models.model import Model
+from amk.models.presets import PRESETS, TINY_LLAMA, random_params
+from amk.testing import cuda_examples as examples
+
+
+def _programs():
+    import amk
+    out = [("examples", examples.combined_program(examples.cases()))]
+    # the 1B's shape has preloaded rows and a zeroed scratch; the tiny one neither
+    for base, quant, batch in ((TINY_LLAMA, None, 1), (TINY_LLAMA, "int4", 1), (TINY_LLAMA, None, 4),
+                               (PRESETS["llama-3.2-1b"], None, 1)):
+        cfg = replace(base, n_layers=2)
+        model = Model(cfg, random_params(cfg, device="meta"))
+        if quant:
+            model.quantize(quant)
+        step = amk.jit(model.fn, backend="cuda", donate=("kv",))
+        out.append((f"{cfg.arch} h{cfg.hidden} {quant or 'bf16'} b{batch}",
+                    step.lower(*model.example_args(batch)).program))
+    return out
+
+
+@pytest.fixture(scope="module", params=_programs(), ids=lambda p: p[0])
+def program(request):
+    return request.param[1]
+
+
+@pytest.mark.parametrize("kernel", ["v1", "v2"])
+def test_the_spec_agrees_with_the_packed_tables(program, kernel):
+    opts = CudaOptions(kernel=kernel)
+    low = lower_program(program, 132, opts)
+    spec, t = low.spec, low.tasks
+    used = sorted(set(int(v) for v in t["variant"]) - {-1})
+    assert used == list(range(len(spec.variants)))            # every case named, none missing
+    assert len(spec.encoded) == len(spec.variants)            # the same, PRE marks aside
+    assert all(v in (e, e.with_(pre=True)) for v, e in zip(spec.variants, spec.encoded))
+    pre_rows = t["ip"][:, abi.ip_index("GEMV", "PRE")] > 0
+    for i, v in enumerate(spec.variants):
+        if v.fn == "op_gemv_direct":
+            assert bool(v.arg("pre")) == bool(pre_rows[t["variant"] == i].any()), v
+    assert spec.pre == bool(t["n_pre"].any()) and spec.zero == bool(t["n_zero"].any())
+    assert spec.too_many == () and (t["n_in"] + t["n_out"] <= abi.MAX_PTRS).all()
+    on = [i for i, v in enumerate(spec.variants) if v.fn == "op_gemv_direct" and v.arg("ring")]
+    rows = t["ip"][np.isin(t["variant"], on), abi.ip_index("GEMV", "ROWB")]
+    assert spec.ring_slot == ring.slot_bytes(int(r) for r in rows)
+    assert kernel == "v2" or not on
+    assert ks.kernel_spec(fold_program(program, 132, opts)) == spec     # from the fold alone
+    assert render_lowered(low, opts) == render_spec(spec, opts)
+
+
+def test_nvrtc_can_start_before_the_tables_are_packed(monkeypatch):
+    from amk.backends.cuda import lower
+    program = examples.combined_program(examples.cases()[:4])
+    events = []
+    real_pack = lower.pack
+    monkeypatch.setattr(lower, "pack", lambda *a: events.append("pack") or real_pack(*a))
+    low = lower.lower_program(program, 132, CudaOptions(), on_spec=lambda s: events.append(s))
+    assert events == [low.spec, "pack"]
+
+
+def test_a_descriptor_with_too_many_operands_is_refused_before_nvrtc(monkeypatch):
+    program = examples.combined_program(examples.cases()[:4])
+    monkeypatch.setattr(ks, "MAX_PTRS", 2)
+    spec = ks.kernel_spec(fold_program(program))
+    assert spec.too_many
+    with pytest.raises(CompileError, match=r"tasks \[.*\] have more than \d+ operands"):
+        render_spec(spec)
