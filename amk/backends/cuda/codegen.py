@@ -11,7 +11,6 @@ import hashlib
 from pathlib import Path
 from string import Template
 
-
 from amk.errors import CompileError
 from amk.program.ir import Program
 from amk.backends.cuda import abi

@@ -17,25 +17,25 @@ from amk.models.presets import PRESETS, TINY_LLAMA, random_params
 from amk.testing import cuda_examples as examples
 
 
-def _programs():
-    import amk
-    out = [("examples", examples.combined_program(examples.cases()))]
-    # the 1B's shape has preloaded rows and a zeroed scratch; the tiny one neither
-    for base, quant, batch in ((TINY_LLAMA, None, 1), (TINY_LLAMA, "int4", 1), (TINY_LLAMA, None, 4),
-                               (PRESETS["llama-3.2-1b"], None, 1)):
-        cfg = replace(base, n_layers=2)
-        model = Model(cfg, random_params(cfg, device="meta"))
-        if quant:
-            model.quantize(quant)
-        step = amk.jit(model.fn, backend="cuda", donate=("kv",))
-        out.append((f"{cfg.arch} h{cfg.hidden} {quant or 'bf16'} b{batch}",
-                    step.lower(*model.example_args(batch)).program))
-    return out
+# the 1B's shape has preloaded rows; the examples a zeroed scratch; the tiny model neither
+PROGRAMS = {"examples": None, "tiny bf16": (TINY_LLAMA, None, 1), "tiny int4": (TINY_LLAMA, "int4", 1),
+            "tiny batch 4": (TINY_LLAMA, None, 4), "1B shape": (PRESETS["llama-3.2-1b"], None, 1)}
 
 
-@pytest.fixture(scope="module", params=_programs(), ids=lambda p: p[0])
+@pytest.fixture(scope="module", params=list(PROGRAMS))
 def program(request):
-    return request.param[1]
+    """Built when a test asks (not at collection: lowering a step imports the triton backend,
+    which must see TRITON_INTERPRET first where the interpreter tests run)."""
+    import amk
+    if PROGRAMS[request.param] is None:
+        return examples.combined_program(examples.cases())
+    base, quant, batch = PROGRAMS[request.param]
+    cfg = replace(base, n_layers=2)
+    model = Model(cfg, random_params(cfg, device="meta"))
+    if quant:
+        model.quantize(quant)
+    step = amk.jit(model.fn, backend="cuda", donate=("kv",))
+    return step.lower(*model.example_args(batch)).program
 
 
 @pytest.mark.parametrize("kernel", ["v1", "v2"])
