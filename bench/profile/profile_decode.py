@@ -78,6 +78,7 @@ def summarise(prog, rows, steps: dict | None = None, marks: dict | None = None) 
         if mk:                                 # wait end -> each mark -> end: us summed
             pts = [("w", w1)] + [(str(j), v) for j, v in mk] + [("e", e)]
             md = d.setdefault("marks", {})
+            d["n_marked"] = d.get("n_marked", 0) + 1   # a dead split-KV shard marks nothing
             for (a, ta), (b, tb) in zip(pts, pts[1:]):
                 md[f"{a}>{b}"] = md.get(f"{a}>{b}", 0.0) + (tb - ta) / 1e3
         st = (steps or {}).get(tid)
@@ -116,8 +117,11 @@ def steps_line(d: dict) -> str:
 
 
 def marks_line(d: dict) -> str:
-    """A kind's AMK_MARK intervals (w: wait end, e: task end), mean us a task each."""
-    return "marks us/task: " + ", ".join(f"{k} {v / d['n']:.2f}" for k, v in d["marks"].items())
+    """A kind's AMK_MARK intervals (w: wait end, e: task end), mean us over the tasks that
+    passed a mark (an attention's dead shards return before its first)."""
+    n = d["n_marked"]
+    return (f"marks us/task ({n} of {d['n']} tasks): "
+            + ", ".join(f"{k} {v / n:.2f}" for k, v in d["marks"].items()))
 
 
 def print_summary(s: dict, mid_layer: int) -> None:

@@ -72,3 +72,16 @@ def test_stages_are_per_layer_and_fused_steps_per_op(pd, prog):
     assert layers == {"-1"} | {str(i) for i in range(TINY_LLAMA.n_layers)}
     first, last, n = s["stages"]["0:attention"]
     assert n == 2 and last - first >= 1.0
+
+
+def test_marks_are_averaged_over_the_tasks_that_passed_them(pd, prog):
+    """A dead split-KV shard returns before its first AMK_MARK: its kind's mark means are over
+    the live tasks only, and the line says how many those are."""
+    attn = [t for t in prog.tasks if pd.task_kind(t, prog.buffers) == "attention"]
+    rows = _rows(prog)
+    wait_end = {r[0]: r[3] for r in rows}
+    live = attn[::2]                                     # every other one: 0.3 us to mark 0
+    marks = {t.id: [(0, wait_end[t.id] + 300)] for t in live}
+    d = pd.summarise(prog, rows, marks=marks)["kinds"]["attention"]
+    assert d["n"] == len(attn) and d["n_marked"] == len(live) < len(attn)
+    assert pd.marks_line(d) == f"marks us/task ({len(live)} of {len(attn)} tasks): w>0 0.30, 0>e 0.70"
