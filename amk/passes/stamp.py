@@ -57,7 +57,7 @@ def stamped(graph: Graph, opts, passes: list[Callable]) -> Program | None:
     return checked(graph, *made)
 
 
-def checked(graph: Graph, stamp: _Stamp, program: Program) -> Program | None:
+def checked(graph: Graph, stamp: Stamp, program: Program) -> Program | None:
     bad = stamp_mismatches(program, stamp.full, stamp.origins, len(graph.inputs))
     if bad:
         warnings.warn(f"amk: the stamped program of {graph.name} touches other graph inputs "
@@ -68,7 +68,7 @@ def checked(graph: Graph, stamp: _Stamp, program: Program) -> Program | None:
 
 
 def stamp_parts(graph: Graph, opts, passes: list[Callable],
-                marked: bool = False) -> tuple[_Stamp, Program] | None:
+                marked: bool = False) -> tuple[Stamp, Program] | None:
     """The stamp (its whole lowered graph and each task's origin there) and its program,
     unchecked (marked: its names MARKed as the small program's, for stamp_period.py); None as
     stamped's."""
@@ -80,7 +80,8 @@ def stamp_parts(graph: Graph, opts, passes: list[Callable],
     for fn in passes[1:]:
         program = fn(program, opts)
     try:
-        stamp = _Stamp(graph, rep, program, task_eqn, buffer_eqn)
+        stamp = Stamp(graph, rep, program, task_eqn, buffer_eqn)
+        stamp.read()
         return stamp, stamp.program(marked)
     except NoStamp:
         return None
@@ -124,7 +125,7 @@ def _keyed(objs, places) -> tuple[list[int], list[tuple[int, str]]]:
     return blk, key
 
 
-class _Stamp:
+class Stamp:
     """The whole program from the small program of `blocks` blocks (small_graph's), its last
     `period` middle blocks copied in turn. modes (stamp_period.py): for a reference of a
     template block t to object o of kind BUF / CTR, ABS (fixed) or d (d blocks back); None:
@@ -170,7 +171,7 @@ class _Stamp:
         return self.K - 1 - self.p <= s <= self.K - 2
 
     # -- the small program's objects -----------------------------------------------------------
-    def _read(self):
+    def read(self):
         p = self.small
         self.blk, self.key = [[], []], [[], []]
         self.blk[BUF], self.key[BUF] = _keyed(p.buffers, self.s_buf)
@@ -265,9 +266,8 @@ class _Stamp:
         return self.ids[kind][(got, v)]
 
     def program(self, marked: bool = False) -> Program:
-        """The whole program (marked: names MARKed with the whole lowered program's indices)."""
-        if not hasattr(self, "t_blk"):
-            self._read()
+        """The whole program (marked: names MARKed with the whole lowered program's indices),
+        after read()."""
         if self.modes is None and self.spans:
             raise NoStamp
         p, full = self.small, self.full

@@ -24,7 +24,7 @@ from typing import Callable
 from amk.graph import Graph
 from amk.passes.lower import lower_with_origins
 from amk.passes.repeat import find_repeat, small_graph
-from amk.passes.stamp import ABS, BUF, CTR, INPUT, NoStamp, _Stamp, checked, stamp_parts
+from amk.passes.stamp import ABS, BUF, CTR, INPUT, NoStamp, Stamp, checked, stamp_parts
 from amk.program.ir import Program
 
 BLOCKS = 6          # the small graph's blocks: the first, four middle ones (two periods of two), the last
@@ -41,7 +41,7 @@ def stamped_periodic(graph: Graph, opts, local: list[Callable],
 
 
 def periodic_parts(graph: Graph, opts, local: list[Callable],
-                   periodic: list[Callable]) -> tuple[_Stamp, Program] | None:
+                   periodic: list[Callable]) -> tuple[Stamp, Program] | None:
     """The stamp and its program, unchecked; None as stamped_periodic's."""
     rep = find_repeat(graph)
     if rep is None:
@@ -58,8 +58,8 @@ def periodic_parts(graph: Graph, opts, local: list[Callable],
     lowered = lower_with_origins(graph)
     for period in PERIODS:
         try:
-            stamp = _Stamp(graph, rep, program, *first.f_eqns, blocks, period, lowered)
-            stamp._read()
+            stamp = Stamp(graph, rep, program, *first.f_eqns, blocks, period, lowered)
+            stamp.read()
             _classify(stamp)
             return stamp, stamp.program()
         except NoStamp:
@@ -67,7 +67,7 @@ def periodic_parts(graph: Graph, opts, local: list[Callable],
     return None
 
 
-def _classify(st: _Stamp) -> None:
+def _classify(st: Stamp) -> None:
     """st.modes and st.fixed from the template blocks and the blocks one period before them."""
     p, small = st.p, st.small
     modes: dict[tuple[int, int, int], int | None] = {}

@@ -74,11 +74,11 @@ def test_a_renamed_or_reshaped_graph_input_is_caught():
 
 def test_a_mismatch_runs_the_plain_pipeline(monkeypatch):
     graph = decoder_graph(SHAPES["1b"])
-    right = stamp_mod._Stamp.program
+    right = stamp_mod.Stamp.program
 
     def wrong(self, *args):
         return _swapped(right(self, *args), 2, "wk")[0]
-    monkeypatch.setattr(stamp_mod._Stamp, "program", wrong)
+    monkeypatch.setattr(stamp_mod.Stamp, "program", wrong)
     with pytest.warns(RuntimeWarning, match="plain pipeline runs"):
         assert stamped(graph, OPTIONS["cuda"], LOCAL) is None
     forget()

@@ -38,18 +38,17 @@ def kernel_spec(folded: Folded) -> KernelSpec:
     index: dict[Variant, int] = {}
     with_pre: set[Variant] = set()
     ring_rows: list[int] = []
-    wide_rows: list[int] = []
-    wide_steps: list[int] = []
+    too_many: list[int] = []
     zero = False
     seen: set[int] = set()       # the tasks of a kind share their Encoded objects (alive here)
     for ft in folded.tasks:
         own = runs_steps(ft)
         zero = zero or (own and bool(ft.zero))
         if own and len(ft.ins) + len(ft.outs) > MAX_PTRS:
-            wide_rows.append(ft.task.id)
+            too_many.append(ft.task.id)
         for enc, ins, outs in (ft.steps if own else ft.steps[:1]):
             if len(ins) + len(outs) > MAX_PTRS:
-                (wide_steps if own else wide_rows).append(ft.task.id)
+                too_many.append(ft.task.id)
             if id(enc) in seen:
                 continue
             seen.add(id(enc))
@@ -65,4 +64,4 @@ def kernel_spec(folded: Folded) -> KernelSpec:
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
     return KernelSpec(variants, tuple(index), pre, zero, ring.slot_bytes(ring_rows),
-                      tuple(wide_rows + wide_steps))
+                      tuple(dict.fromkeys(too_many)))
