@@ -11,7 +11,7 @@ start, wait end and end), runs a few warm steps, and prints from the last one:
   * the span of the whole step.
 
     python bench/profile/profile_decode.py --context 1024 [--model qwen3-0.6b] [--max-seq 8192]
-        [--batch 16] [--layers 16] [--json out.json]
+        [--batch 16] [--quant int4] [--layers 16] [--json out.json]
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from amk.program.ir import BufferKind, InstructionKind as K  # noqa: E402
 from amk.program.recipe import recipe_of  # noqa: E402
 from bench.gpu_tool import have_gpu, parser  # noqa: E402
 from amk.models.presets import PRESETS  # noqa: E402
+from amk.quant import FORMATS  # noqa: E402
 from bench.preset_step import cuda_step  # noqa: E402
 
 _LAYER = re.compile(r"(?:layers|kv)\.(\d+)\.")
@@ -171,6 +172,8 @@ def main(argv=None) -> int:
                     help="the preset shape (default %(default)s)")
     ap.add_argument("--max-seq", type=int, default=8192, help="KV cache rows (default %(default)s)")
     ap.add_argument("--batch", type=int, default=1, help="sequences a step (default %(default)s)")
+    ap.add_argument("--quant", default=None, choices=sorted(FORMATS),
+                    help="weight-only quantized linears and LM head (Model.quantize)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -179,16 +182,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not have_gpu(__file__):
         return 2
-    step, args, cfg = cuda_step(a.context, a.layers, a.model, a.max_seq, a.batch)
+    step, args, cfg = cuda_step(a.context, a.layers, a.model, a.max_seq, a.batch, a.quant)
     exe, bindings, prog, rows, s = run_profiled(step, args, a.steps)
     knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("AMK_")}
     print("knobs set: " + " ".join(f"{k}={v}" for k, v in knobs.items()))
-    print(f"{a.model}, batch {a.batch}, context {a.context}, max_seq {a.max_seq}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
+    print(f"{a.model}{' ' + a.quant if a.quant else ''}, batch {a.batch}, context {a.context}, max_seq {a.max_seq}, {len(prog.tasks)} tasks, {exe.grid} CTAs, "
           f"{exe.kernel.num_regs} registers, {exe.kernel.local_bytes} B local")
     print_summary(s, cfg.n_layers // 2)
     if a.json:
         raw = {"rows": [[int(v) for v in r] for r in rows]} if a.raw else {}
-        Path(a.json).write_text(json.dumps({"model": a.model, "context": a.context, "max_seq": a.max_seq, "batch": a.batch, **s, **raw}, indent=1))
+        Path(a.json).write_text(json.dumps({"model": a.model, "quant": a.quant, "context": a.context, "max_seq": a.max_seq, "batch": a.batch, **s, **raw}, indent=1))
     return 0
 
 
