@@ -72,7 +72,7 @@ __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const
 // op_gemv_direct's, and EPI, NORM and the x staging are op_gemv_direct's (direct_x,
 // direct_epilogue). A vector lies in one group (k's group: k >> GSHIFT, clamped to the last).
 // P: x, W_1..W_NMAT, scales_1..NMAT, [zeros_1..NMAT], [bias (BIAS_AT)], [residual | NORM's
-// weight], then the outputs (op_gemv_mma's order).
+// weight], then the outputs (op_gemv_mma's order). AMK_MARK: op_gemv_direct's points.
 template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI,
           class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float, int RN = RMS_RN>
 __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
@@ -89,8 +89,10 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   const int rot = QMODE == 2 ? lane & 3 : (lane >> 1) & 3;
   const float off0 = QMODE == 1 ? 8388736.0f : (QMODE == 2 ? 8388616.0f : 0.f);
   const float rv = direct_residual<TR, EPI>(d, P, n_off, n_tile);
+  AMK_MARK(0);
   direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
   __syncthreads();
+  AMK_MARK(1);
   for (int it = warp;; it += NWARPS) {           // items (g, seg) while g has rows: no item count live
     const int g = it / nseg, seg = it - g * nseg;
     if (g * RPM >= n_tile) break;
@@ -141,8 +143,11 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
       const int mat = i / RPM, r = g * RPM + i % RPM;
       if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
     }
+    if (it == warp) AMK_MARK(2);
   }
   __syncthreads();
+  AMK_MARK(3);
   direct_epilogue<TY, TS, NMAT, EPI, BIAS, TR, TO>(d, P, part, (const TS*)P[d.ip[P_GEMV_BIAS_AT]], n_off, n_tile,
                                                    nseg, rv);
+  AMK_MARK(4);
 }
