@@ -23,7 +23,7 @@ def cuda_step(context: int, layers: int | None = None, model: str = "llama-3.2-1
     params = random_params(cfg, device="cuda", seed=0)
     m = Model(cfg, params)
     if quant:
-        params = m.quantize(quant).params
+        m.quantize(quant)            # in place: params holds the quantized weights now
     token = torch.full((batch,), 17, dtype=torch.int32, device="cuda")
     pos = torch.tensor([context - 1], dtype=torch.int32, device="cuda")
     step = amk.jit(m.fn, backend="cuda", donate=("kv",))
