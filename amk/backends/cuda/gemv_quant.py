@@ -31,17 +31,24 @@ def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
     return group.bit_length() - 1
 
 
+ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v42)
+
+
 def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> int:
     """RI (a multiple of nmat, LOADS loads a lane at most, 8 with zeros): the fewest rows an
-    item that still takes the fewest rounds of items a warp, so the tile's loads spread over
-    the most warps."""
+    item at the fewest rounds of items a warp that keep a round's bytes under ROUND_BYTES where
+    the tile allows (a round's loads land, then every warp computes: more, smaller rounds put
+    the warps out of step, NOTES v42), so the tile's loads spread over the most warps."""
     nseg = -(-K // SEGMENT)
     cap = 8 if zeros else LOADS[qmode]
     options = [ri for ri in (6, 4, 2, 1) if ri * GU[qmode] <= cap and ri % nmat == 0]
 
     def rounds(ri: int) -> int:
         return -(-(-(-n_tile // (ri // nmat)) * nseg) // NWARPS)
-    return min(ri for ri in options if rounds(ri) == rounds(options[0]))
+    tile_bytes = nmat * n_tile * K * (1 if qmode != 2 else 0.5)
+    want = max(rounds(options[0]), -(-tile_bytes // ROUND_BYTES))
+    fit = [ri for ri in options if rounds(ri) >= want] or options[-1:]
+    return min(ri for ri in fit if rounds(ri) == min(map(rounds, fit)))
 
 
 def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, tr="float", to=None,
