@@ -5,9 +5,9 @@ Every batch-1 GEMV of int8, packed int4 or fp8 E4M3 weights whose 16-byte vector
 one group (of a power-of-two size, or one a row) takes it; op_gemv_mma stays for batches, which
 reuse each weight vector for many rows of x. Its weights stream at op_gemv_direct's depth (16
 loads a lane in flight, 12 for int4, against the mma's 4), dequantised in registers. An item is
-RI weight rows x one K segment of 2048 weights; RI is the fewest rows that keep the fewest
-rounds of items a warp: a small tile spreads over the warps, a large one keeps all its loads a
-lane in flight.
+RI weight rows x one K segment of 2048 weights; RI is the fewest rows at the fewest rounds of
+items a warp that keep a round's bytes under ROUND_BYTES an SM where the tile allows: a small
+tile spreads over the warps, a large one takes rounds of ~64 KiB (NOTES v42, v43).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
     return group.bit_length() - 1
 
 
-ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v42)
+ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v43)
 
 
 def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> int:
