@@ -18,6 +18,7 @@ VW = {1: 16, 2: 32, 3: 16}        # weights a 16-byte vector, by QMODE (template
 GU = {1: 4, 2: 2, 3: 4}           # vectors a row a lane an item holds
 LOADS = {1: 16, 2: 12, 3: 16}     # 16-byte loads a lane an item holds at most (int4: 16 spilled)
 SEGMENT = 2048                    # weights of K an item's row covers: 32 lanes x GU x VW
+ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v43)
 
 
 def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
@@ -31,9 +32,6 @@ def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
     return group.bit_length() - 1
 
 
-ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v43)
-
-
 def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> int:
     """RI (a multiple of nmat, LOADS loads a lane at most, 8 with zeros): the fewest rows an
     item at the fewest rounds of items a warp that keep a round's bytes under ROUND_BYTES where
@@ -45,7 +43,7 @@ def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> in
 
     def rounds(ri: int) -> int:
         return -(-(-(-n_tile // (ri // nmat)) * nseg) // NWARPS)
-    tile_bytes = nmat * n_tile * K * (1 if qmode != 2 else 0.5)
+    tile_bytes = nmat * n_tile * K // (2 if qmode == 2 else 1)
     want = max(rounds(options[0]), -(-tile_bytes // ROUND_BYTES))
     fit = [ri for ri in options if rounds(ri) >= want] or options[-1:]
     return min(ri for ri in fit if rounds(ri) == min(map(rounds, fit)))
