@@ -34,9 +34,11 @@ def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
 
 def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> int:
     """RI (a multiple of nmat, LOADS loads a lane at most, 8 with zeros): the fewest rows an
-    item at the fewest rounds of items a warp that keep a round's bytes under ROUND_BYTES where
-    the tile allows (a round's loads land, then every warp computes: more, smaller rounds put
-    the warps out of step, NOTES v42), so the tile's loads spread over the most warps."""
+    item at the fewest rounds of items a warp that keep a round's weight bytes (scales and zeros
+    not counted) under ROUND_BYTES where the tile allows, so the tile's loads spread over the
+    most warps. Why rounds of ~64 KiB: the warps of one round issue, wait and compute in step,
+    so one large round leaves the loads idle while they compute; smaller rounds let one warp's
+    dequantise-and-dot run beside another's loads (NOTES v42, v43)."""
     nseg = -(-K // SEGMENT)
     cap = 8 if zeros else LOADS[qmode]
     options = [ri for ri in (6, 4, 2, 1) if ri * GU[qmode] <= cap and ri % nmat == 0]
