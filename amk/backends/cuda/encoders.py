@@ -201,9 +201,9 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
     if qdirect:
+        ri, roll = gemv_quant.plan_items(qmode, 1, n_tile, Kd, zeros is not None)
         var = gemv_quant.gemv_qdirect(tx=ftype(t, x.dtype), ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode,
-                                      nmat=1, epi=0, bias=has_bias, zeros=zeros is not None,
-                                      ri=gemv_quant.rows_per_item(qmode, 1, n_tile, Kd, zeros is not None))
+                                      nmat=1, epi=0, bias=has_bias, zeros=zeros is not None, ri=ri, roll=roll)
     elif mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
                                   bias=has_bias, zeros=zeros is not None, nb=mma.nb, xr=mma.xr)

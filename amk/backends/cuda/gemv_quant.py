@@ -4,10 +4,11 @@ GEMVs take it, and its rows an item.
 Every batch-1 GEMV of int8, packed int4 or fp8 E4M3 weights whose 16-byte vectors each lie in
 one group (of a power-of-two size, or one a row) takes it; op_gemv_mma stays for batches, which
 reuse each weight vector for many rows of x. Its weights stream at op_gemv_direct's depth (16
-loads a lane in flight, 12 for int4, against the mma's 4), dequantised in registers. An item is
-RI weight rows x one K segment of 2048 weights; RI is the fewest rows at the fewest rounds of
-items a warp that keep a round's bytes under ROUND_BYTES an SM where the tile allows: a small
-tile spreads over the warps, a large one takes rounds of ~64 KiB (NOTES v42, v43).
+loads a lane in flight, 12 for int4, against the mma's 4), dequantised in registers. An item
+is RI weight rows x one K segment of 2048 weights; RI is the fewest rows at the fewest rounds
+of items a warp that keep a round's bytes under ROUND_BYTES an SM where the tile allows: a
+small tile spreads over the warps, a large one takes rounds of ~64 KiB (NOTES v42, v43), in a
+rolling register buffer (plan_items).
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ VW = {1: 16, 2: 32, 3: 16}        # weights a 16-byte vector, by QMODE (template
 GU = {1: 4, 2: 2, 3: 4}           # vectors a row a lane an item holds
 LOADS = {1: 16, 2: 12, 3: 16}     # 16-byte loads a lane an item holds at most (int4: 16 spilled)
 SEGMENT = 2048                    # weights of K an item's row covers: 32 lanes x GU x VW
-ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v43)
 
 
 def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
@@ -32,33 +32,51 @@ def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
     return group.bit_length() - 1
 
 
-def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> int:
-    """RI (a multiple of nmat, LOADS loads a lane at most, 8 with zeros): the fewest rows an
-    item at the fewest rounds of items a warp that keep a round's weight bytes (scales and zeros
-    not counted) under ROUND_BYTES where the tile allows, so the tile's loads spread over the
-    most warps. Why rounds of ~64 KiB: the warps of one round issue, wait and compute in step,
-    so one large round leaves the loads idle while they compute; smaller rounds let one warp's
-    dequantise-and-dot run beside another's loads (NOTES v42, v43)."""
+ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v43)
+
+
+ROLL_LOADS = 8                    # loads a lane an item when its registers roll (16 spilled, NOTES v43)
+
+
+def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool, cap: int | None = None) -> int:
+    """RI (a multiple of nmat, `cap` loads a lane at most: LOADS, 8 with zeros): the fewest rows
+    an item at the fewest rounds of items a warp that keep a round's bytes under ROUND_BYTES
+    where the tile allows (a round's loads land, then every warp computes: more, smaller rounds
+    put the warps out of step, NOTES v42), so the tile's loads spread over the most warps."""
     nseg = -(-K // SEGMENT)
-    cap = 8 if zeros else LOADS[qmode]
+    cap = cap or (8 if zeros else LOADS[qmode])
     options = [ri for ri in (6, 4, 2, 1) if ri * GU[qmode] <= cap and ri % nmat == 0]
 
     def rounds(ri: int) -> int:
         return -(-(-(-n_tile // (ri // nmat)) * nseg) // NWARPS)
-    tile_bytes = nmat * n_tile * K // (2 if qmode == 2 else 1)
+    tile_bytes = nmat * n_tile * K * (1 if qmode != 2 else 0.5)
     want = max(rounds(options[0]), -(-tile_bytes // ROUND_BYTES))
     fit = [ri for ri in options if rounds(ri) >= want] or options[-1:]
     return min(ri for ri in fit if rounds(ri) == min(map(rounds, fit)))
 
 
-def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, tr="float", to=None,
+def plan_items(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> tuple[int, bool]:
+    """(RI, ROLL): rows_per_item's RI, or, where that leaves a warp more than one item and every
+    item fills its K segment, a rolling buffer (ROLL: each register slot takes the warp's next
+    item once read, so the next item's loads fly while this one is dequantised) of at most
+    ROLL_LOADS loads a lane. A partial segment (K % SEGMENT) leaves slots without loads: at 8
+    slots its items would keep too few loads in flight (Qwen3-0.6B's LM head, K 1024: +4%, v43)."""
+    ri = rows_per_item(qmode, nmat, n_tile, K, zeros)
+    items = -(-n_tile // (ri // nmat)) * -(-K // SEGMENT)
+    if items <= NWARPS or K % SEGMENT:
+        return ri, False
+    return rows_per_item(qmode, nmat, n_tile, K, zeros, cap=min(ROLL_LOADS, 8 if zeros else LOADS[qmode])), True
+
+
+def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, roll, tr="float", to=None,
                  norm=False, nx="float", nw="float", rn=RMS_RN) -> Variant:
     """op_gemv_qdirect with every template argument, in its order."""
     return Variant.of("op_gemv_qdirect", tx=tx, ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi,
-                      bias=bias, zeros=zeros, ri=ri, tr=tr, to=to or ty, norm=norm, nx=nx, nw=nw, rn=rn)
+                      bias=bias, zeros=zeros, ri=ri, roll=roll, tr=tr, to=to or ty, norm=norm, nx=nx, nw=nw,
+                      rn=rn)
 
 
 def replan(v: Variant, ip: dict, nmat: int) -> Variant:
     """The variant of an op_gemv_qdirect step once it runs nmat matrices (pair_gemvs)."""
-    ri = rows_per_item(v.arg("qmode"), nmat, ip["N_TILE"], ip["K"], v.arg("zeros"))
-    return v.with_(nmat=nmat, ri=ri)
+    ri, roll = plan_items(v.arg("qmode"), nmat, ip["N_TILE"], ip["K"], v.arg("zeros"))
+    return v.with_(nmat=nmat, ri=ri, roll=roll)

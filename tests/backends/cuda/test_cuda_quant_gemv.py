@@ -41,7 +41,8 @@ def test_every_batch1_quantized_case_takes_op_gemv_qdirect():
         K = int(re.search(r"_k(\d+)", case.name).group(1))
         shift = int(d["ip"][abi.ip_index("GEMV", "GSHIFT")])
         assert shift == (30 if group == K else group.bit_length() - 1), case.name
-        assert v.arg("ri") * gemv_quant.GU[QMODE[fmt]] <= (8 if v.arg("zeros") else gemv_quant.LOADS[QMODE[fmt]])
+        cap = 8 if v.arg("zeros") or v.arg("roll") else gemv_quant.LOADS[QMODE[fmt]]
+        assert v.arg("ri") * gemv_quant.GU[QMODE[fmt]] <= cap, case.name
 
 
 def test_rows_per_item_spread_small_tiles_and_fill_large_ones():
@@ -57,6 +58,12 @@ def test_rows_per_item_spread_small_tiles_and_fill_large_ones():
     assert gemv_quant.rows_per_item(1, 2, 62, 2048, False) == 2
     # o: 16 rows, one item a warp
     assert gemv_quant.rows_per_item(3, 1, 16, 2048, False) == 1
+    # more than one item a warp: a rolling buffer of at most 8 loads a lane; else not
+    assert gemv_quant.plan_items(2, 1, 972, 2048, False) == (4, True)
+    assert gemv_quant.plan_items(1, 2, 62, 2048, False) == (2, True)
+    assert gemv_quant.plan_items(2, 1, 24, 2048, False) == (2, False)
+    assert gemv_quant.plan_items(2, 1, 16, 2048, False) == (1, False)
+    assert gemv_quant.plan_items(1, 1, 1151, 1024, False) == (4, False)  # half a segment: no roll
     assert gemv_quant.group_shift(1, 96, 8) is None and gemv_quant.group_shift(2, 16, 8) is None
     assert gemv_quant.group_shift(2, 64, 32) == 6 and gemv_quant.group_shift(3, 100, 1) == 30
 

@@ -1,6 +1,6 @@
 // The batch-1 GEMV of weight-only quantized weights on CUDA cores (gemv_quant.py chooses it):
 // int8, packed int4 or fp8 E4M3 with group scales (+ zeros), seed layout (quant.py), streamed as
-// op_gemv_direct streams float weights: up to 16 direct 16-byte loads a lane in flight,
+// op_gemv_direct streams float weights: up to 16 direct 16-byte loads a lane in flight (8 rolling),
 // dequantised in registers against x in shared memory (fp32), the group scale on each 32-bit
 // word's partial sum.
 
@@ -64,21 +64,96 @@ __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const
   return a;
 }
 
+// The rolling register buffer (ROLL, a warp of more than one item; gemv_quant.plan_items): RI
+// rows x GU vectors a lane, each slot refilled with the warp's next item once it is read, so
+// the next item's loads fly while this one is dequantised, with no second item's registers.
+template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI>
+__device__ __forceinline__ void qroll_load(uint4 (&wv)[RI][QVec<QMODE>::GU], float (&sc)[RI][QVec<QMODE>::GU],
+                                           float (&zz)[RI][QVec<QMODE>::GU], int u, void* const* P, int it,
+                                           int nseg, int n_off, int n_tile, int nv, int ng, int gshift,
+                                           long long rbytes, int lane) {
+  constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
+  const int g = it / nseg, seg = it - g * nseg;
+  const int v = seg * 32 * GU + u * 32 + lane;
+  const int gi = min((v * VW) >> gshift, ng - 1);
+#pragma unroll
+  for (int i = 0; i < RI; i++) {
+    const int mat = i / RPM, r = g * RPM + i % RPM;
+    const long long row = n_off + r;
+    const bool on = r < n_tile && v < nv;
+    const char* W = (const char*)P[1 + mat] + row * rbytes;
+    const TS* sp = (const TS*)P[1 + NMAT + mat] + row * ng;
+    const TZ* zp = (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1] + row * ng;
+    wv[i][u] = on ? ldg_stream(W + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+    sc[i][u] = on ? to_f(sp[gi]) : 0.f;
+    zz[i][u] = ZEROS && on ? to_f(zp[gi]) : 0.f;
+  }
+}
+
+// op_gemv_qdirect's item loop with the rolling buffer: the first item's loads, then for each
+// item its dot products slot by slot, each slot refilled with the next item's vector.
+template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI>
+__device__ __forceinline__ void qroll_items(void* const* P, const float* xs, float* part, int nseg, int n_off,
+                                            int n_tile, int nv, int ng, int gshift, long long rbytes, int rot,
+                                            float off0, int warp, int lane) {
+  constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
+  uint4 wv[RI][GU];
+  float sc[RI][GU], zz[RI][GU];
+#pragma unroll
+  for (int u = 0; u < GU; u++)
+    qroll_load<TS, TZ, QMODE, NMAT, ZEROS, RI>(wv, sc, zz, u, P, warp, nseg, n_off, n_tile, nv, ng, gshift, rbytes,
+                                               lane);
+  for (int it = warp; (it / nseg) * RPM < n_tile; it += NWARPS) {
+    const int g = it / nseg, seg = it - g * nseg;
+    float acc[RI];
+#pragma unroll
+    for (int i = 0; i < RI; i++) acc[i] = 0.f;
+#pragma unroll
+    for (int u = 0; u < GU; u++) {
+      const int v = seg * 32 * GU + u * 32 + lane;
+      if (v < nv) {
+#pragma unroll
+        for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
+          const float4 xa = *(const float4*)xw;
+          const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
+#pragma unroll
+          for (int i = 0; i < RI; i++) {
+            const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
+            acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
+          }
+        }
+      }
+      qroll_load<TS, TZ, QMODE, NMAT, ZEROS, RI>(wv, sc, zz, u, P, it + NWARPS, nseg, n_off, n_tile, nv, ng, gshift,
+                                                 rbytes, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+      const float s = warp_sum(acc[i]);
+      const int mat = i / RPM, r = g * RPM + i % RPM;
+      if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
+    }
+    if (it == warp) AMK_MARK(2);
+  }
+}
+
 // op_gemv_qdirect: y_m[n_off + r] = x . dequant(W_m)[n_off + r] for NMAT matrices sharing x,
 // dequant(W)[r, k] = (q - zero[r, k / group]) scale[r, k / group] (the last group repeats).
 // The tile is a list of items: RI rows (RI / NMAT consecutive rows of each matrix) x one K
-// segment of 32 lanes x GU vectors; warp w takes items w, w + NWARPS, ... (RI: gemv_quant.py,
-// the fewest rows at the fewest rounds of items a warp). Each item's sums land in part[] as
+// segment of 32 lanes x GU vectors; warp w takes items w, w + NWARPS, ... (RI, ROLL: gemv_quant.py,
+// the fewest rows at the fewest rounds of items a warp; ROLL: qroll_items). Each item's sums land in part[] as
 // op_gemv_direct's, and EPI, NORM and the x staging are op_gemv_direct's (direct_x,
 // direct_epilogue). A vector lies in one group (k's group: k >> GSHIFT, clamped to the last).
 // P: x, W_1..W_NMAT, scales_1..NMAT, [zeros_1..NMAT], [bias (BIAS_AT)], [residual | NORM's
 // weight], then the outputs (op_gemv_mma's order). AMK_MARK: op_gemv_direct's points.
-template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI,
+template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI, bool ROLL,
           class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float, int RN = RMS_RN>
 __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
-  static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS ? 8 : 16),
-                "RI rows of NMAT matrices, 16 loads a lane at most (8 with zeros)");
+  static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS || ROLL ? 8 : 16),
+                "RI rows of NMAT matrices, 16 loads a lane at most (8 with zeros or ROLL)");
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const int gshift = d.ip[P_GEMV_GSHIFT], ng = d.ip[P_GEMV_NGROUPS];
   const long long rbytes = d.ip[P_GEMV_LDW];
@@ -93,6 +168,10 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
   __syncthreads();
   AMK_MARK(1);
+  if constexpr (ROLL)
+    qroll_items<TS, TZ, QMODE, NMAT, ZEROS, RI>(P, xs, part, nseg, n_off, n_tile, nv, ng, gshift, rbytes, rot, off0,
+                                                warp, lane);
+  else
   for (int it = warp;; it += NWARPS) {           // items (g, seg) while g has rows: no item count live
     const int g = it / nseg, seg = it - g * nseg;
     if (g * RPM >= n_tile) break;
