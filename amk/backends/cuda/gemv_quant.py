@@ -19,6 +19,8 @@ VW = {1: 16, 2: 32, 3: 16}        # weights a 16-byte vector, by QMODE (template
 GU = {1: 4, 2: 2, 3: 4}           # vectors a row a lane an item holds
 LOADS = {1: 16, 2: 12, 3: 16}     # 16-byte loads a lane an item holds at most (int4: 16 spilled)
 SEGMENT = 2048                    # weights of K an item's row covers: 32 lanes x GU x VW
+ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v43)
+ROLL_LOADS = 8                    # loads a lane an item when its registers roll (16 spilled, NOTES v43)
 
 
 def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
@@ -32,24 +34,20 @@ def group_shift(qmode: int, group: int, ngroups: int) -> int | None:
     return group.bit_length() - 1
 
 
-ROUND_BYTES = 65536               # a round of items' bytes an SM at most, where rows allow (NOTES v43)
-
-
-ROLL_LOADS = 8                    # loads a lane an item when its registers roll (16 spilled, NOTES v43)
-
-
 def rows_per_item(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool, cap: int | None = None) -> int:
-    """RI (a multiple of nmat, `cap` loads a lane at most: LOADS, 8 with zeros): the fewest rows
-    an item at the fewest rounds of items a warp that keep a round's bytes under ROUND_BYTES
-    where the tile allows (a round's loads land, then every warp computes: more, smaller rounds
-    put the warps out of step, NOTES v42), so the tile's loads spread over the most warps."""
+    """RI (a multiple of nmat, `cap` loads a lane at most: LOADS, 8 with zeros): the fewest rows an
+    item at the fewest rounds of items a warp that keep a round's weight bytes (scales and zeros
+    not counted) under ROUND_BYTES where the tile allows, so the tile's loads spread over the
+    most warps. Why rounds of ~64 KiB: the warps of one round issue, wait and compute in step,
+    so one large round leaves the loads idle while they compute; smaller rounds let one warp's
+    dequantise-and-dot run beside another's loads (NOTES v42, v43)."""
     nseg = -(-K // SEGMENT)
     cap = cap or (8 if zeros else LOADS[qmode])
     options = [ri for ri in (6, 4, 2, 1) if ri * GU[qmode] <= cap and ri % nmat == 0]
 
     def rounds(ri: int) -> int:
         return -(-(-(-n_tile // (ri // nmat)) * nseg) // NWARPS)
-    tile_bytes = nmat * n_tile * K * (1 if qmode != 2 else 0.5)
+    tile_bytes = nmat * n_tile * K // (2 if qmode == 2 else 1)
     want = max(rounds(options[0]), -(-tile_bytes // ROUND_BYTES))
     fit = [ri for ri in options if rounds(ri) >= want] or options[-1:]
     return min(ri for ri in fit if rounds(ri) == min(map(rounds, fit)))
@@ -59,8 +57,10 @@ def plan_items(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> tuple
     """(RI, ROLL): rows_per_item's RI, or, where that leaves a warp more than one item and every
     item fills its K segment, a rolling buffer (ROLL: each register slot takes the warp's next
     item once read, so the next item's loads fly while this one is dequantised) of at most
-    ROLL_LOADS loads a lane. A partial segment (K % SEGMENT) leaves slots without loads: at 8
-    slots its items would keep too few loads in flight (Qwen3-0.6B's LM head, K 1024: +4%, v43)."""
+    ROLL_LOADS loads a lane (1B int4 -1 to -2%, 8B int4 -3%, v44). A partial segment (K %
+    SEGMENT) does not roll: it leaves slots without loads, so at 8 slots its items would keep
+    half as many in flight (Qwen3-0.6B's K 1024; not measured apart: v43's Qwen3 loss was its
+    scheduler's spill, v44)."""
     ri = rows_per_item(qmode, nmat, n_tile, K, zeros)
     items = -(-n_tile // (ri // nmat)) * -(-K // SEGMENT)
     if items <= NWARPS or K % SEGMENT:

@@ -6,7 +6,7 @@
 
 // QMODE 1 int8 / 3 fp8: 16 weights a 16-byte vector; 2 int4: 32. GU vectors a row a lane: an
 // item's K segment is 32 x GU x VW = 2048 weights, and RI rows x GU = 16 loads at most (8 with
-// zeros: their registers made ptxas spill).
+// zeros or a rolling buffer: their registers made ptxas spill).
 template <int QMODE> struct QVec {
   static constexpr int VW = QMODE == 2 ? 32 : 16;
   static constexpr int GU = QMODE == 2 ? 2 : 4;
@@ -142,14 +142,16 @@ __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, flo
 // op_gemv_qdirect: y_m[n_off + r] = x . dequant(W_m)[n_off + r] for NMAT matrices sharing x,
 // dequant(W)[r, k] = (q - zero[r, k / group]) scale[r, k / group] (the last group repeats).
 // The tile is a list of items: RI rows (RI / NMAT consecutive rows of each matrix) x one K
-// segment of 32 lanes x GU vectors; warp w takes items w, w + NWARPS, ... (RI, ROLL: gemv_quant.py,
-// the fewest rows at the fewest rounds of items a warp; ROLL: qroll_items). Each item's sums land in part[] as
-// op_gemv_direct's, and EPI, NORM and the x staging are op_gemv_direct's (direct_x,
-// direct_epilogue). A vector lies in one group (k's group: k >> GSHIFT, clamped to the last).
+// segment of 32 lanes x GU vectors; warp w takes items w, w + NWARPS, ... (RI and ROLL:
+// gemv_quant.plan_items, the fewest rows at the fewest rounds of items a warp; ROLL: the rolling
+// buffer, qroll_items). Each item's sums land in part[] as op_gemv_direct's, and EPI, NORM and
+// the x staging are op_gemv_direct's (direct_x, direct_epilogue). A vector lies in one group
+// (k's group: k >> GSHIFT, clamped to the last).
 // P: x, W_1..W_NMAT, scales_1..NMAT, [zeros_1..NMAT], [bias (BIAS_AT)], [residual | NORM's
 // weight], then the outputs (op_gemv_mma's order). AMK_MARK: op_gemv_direct's points.
-template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI, bool ROLL,
-          class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float, int RN = RMS_RN>
+template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI,
+          bool ROLL, class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float,
+          int RN = RMS_RN>
 __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
   static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS || ROLL ? 8 : 16),
@@ -168,61 +170,62 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
   __syncthreads();
   AMK_MARK(1);
-  if constexpr (ROLL)
+  if constexpr (ROLL) {
     qroll_items<TS, TZ, QMODE, NMAT, ZEROS, RI>(P, xs, part, nseg, n_off, n_tile, nv, ng, gshift, rbytes, rot, off0,
                                                 warp, lane);
-  else
-  for (int it = warp;; it += NWARPS) {           // items (g, seg) while g has rows: no item count live
-    const int g = it / nseg, seg = it - g * nseg;
-    if (g * RPM >= n_tile) break;
-    uint4 wv[RI][GU];
-    float sc[RI][GU], zz[RI][GU];
+  } else {
+    for (int it = warp;; it += NWARPS) {           // items (g, seg) while g has rows: no item count live
+      const int g = it / nseg, seg = it - g * nseg;
+      if (g * RPM >= n_tile) break;
+      uint4 wv[RI][GU];
+      float sc[RI][GU], zz[RI][GU];
 #pragma unroll
-    for (int i = 0; i < RI; i++) {              // every load issued before any use
-      const int mat = i / RPM, r = g * RPM + i % RPM;
-      const long long row = n_off + r;
-      const char* W = (const char*)P[1 + mat] + row * rbytes;
-      const TS* sp = (const TS*)P[1 + NMAT + mat] + row * ng;
-      const TZ* zp = (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1] + row * ng;
+      for (int i = 0; i < RI; i++) {              // every load issued before any use
+        const int mat = i / RPM, r = g * RPM + i % RPM;
+        const long long row = n_off + r;
+        const char* W = (const char*)P[1 + mat] + row * rbytes;
+        const TS* sp = (const TS*)P[1 + NMAT + mat] + row * ng;
+        const TZ* zp = (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1] + row * ng;
+#pragma unroll
+        for (int u = 0; u < GU; u++) {
+          const int v = seg * 32 * GU + u * 32 + lane;
+          const bool on = r < n_tile && v < nv;
+          const int gi = min((v * VW) >> gshift, ng - 1);
+          wv[i][u] = on ? ldg_stream(W + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
+          sc[i][u] = on ? to_f(sp[gi]) : 0.f;
+          zz[i][u] = ZEROS && on ? to_f(zp[gi]) : 0.f;
+        }
+      }
+      float acc[RI];
+#pragma unroll
+      for (int i = 0; i < RI; i++) acc[i] = 0.f;
 #pragma unroll
       for (int u = 0; u < GU; u++) {
         const int v = seg * 32 * GU + u * 32 + lane;
-        const bool on = r < n_tile && v < nv;
-        const int gi = min((v * VW) >> gshift, ng - 1);
-        wv[i][u] = on ? ldg_stream(W + (long long)v * 16) : make_uint4(0u, 0u, 0u, 0u);
-        sc[i][u] = on ? to_f(sp[gi]) : 0.f;
-        zz[i][u] = ZEROS && on ? to_f(zp[gi]) : 0.f;
-      }
-    }
-    float acc[RI];
+        if (v < nv) {
 #pragma unroll
-    for (int i = 0; i < RI; i++) acc[i] = 0.f;
+          for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
 #pragma unroll
-    for (int u = 0; u < GU; u++) {
-      const int v = seg * 32 * GU + u * 32 + lane;
-      if (v < nv) {
+          for (int j = 0; j < 4; j++) {               // x of a word read once for all the item's rows
+            const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
+            const float4 xa = *(const float4*)xw;
+            const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
 #pragma unroll
-        for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {               // x of a word read once for all the item's rows
-          const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
-          const float4 xa = *(const float4*)xw;
-          const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
-#pragma unroll
-          for (int i = 0; i < RI; i++) {            // the scale on each word's sum: no partials live
-            const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
-            acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
+            for (int i = 0; i < RI; i++) {            // the scale on each word's sum: no partials live
+              const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
+              acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < RI; i++) {
-      const float s = warp_sum(acc[i]);
-      const int mat = i / RPM, r = g * RPM + i % RPM;
-      if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
+      for (int i = 0; i < RI; i++) {
+        const float s = warp_sum(acc[i]);
+        const int mat = i / RPM, r = g * RPM + i % RPM;
+        if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
+      }
+      if (it == warp) AMK_MARK(2);
     }
-    if (it == warp) AMK_MARK(2);
   }
   __syncthreads();
   AMK_MARK(3);
