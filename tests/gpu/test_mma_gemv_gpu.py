@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cuda.bindings")
 
-from amk.models.presets import LLAMA_3_2_1B, random_model  # noqa: E402
+from amk.models.presets import LLAMA_3_2_1B, QWEN3_0_6B, random_model  # noqa: E402
 from amk.testing import mma_examples, quant_examples  # noqa: E402
 from amk.testing.cuda_check import run_cases  # noqa: E402
 
@@ -94,6 +94,13 @@ def test_a_batched_norm_over_several_x_windows_matches_reference_vm():
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
 def test_quantized_llama_shape_step_matches_reference_vm(fmt, batch):
     _step_matches_reference(replace(LLAMA_3_2_1B, n_layers=2, vocab=8192), batch, fmt, 100, seed=8)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+def test_quantized_qwen3_shape_step_matches_reference_vm(fmt):
+    """Head dim 128 with the q/k norm, K 1024 GEMVs (half a segment: never rolled) and tiles of
+    one round of items (gemv_quant.plan_items), batch 1."""
+    _step_matches_reference(replace(QWEN3_0_6B, n_layers=2, vocab=8192), 1, fmt, 100, seed=10)
 
 
 @pytest.mark.parametrize("group", [32, 64, 8192])      # 8192: one group a row (per channel)
