@@ -91,7 +91,9 @@ __device__ __forceinline__ void qroll_load(uint4 (&wv)[RI][QVec<QMODE>::GU], flo
 }
 
 // op_gemv_qdirect's item loop with the rolling buffer: the first item's loads, then for each
-// item its dot products slot by slot, each slot refilled with the next item's vector.
+// item its dot products slot by slot, each slot refilled with the next item's vector. Its own
+// copy of the dot loop: one shared with the plain loop changed the plain tiles' code too and
+// spilled Qwen3-0.6B int8's scheduler (+6%, NOTES v44).
 template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI>
 __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, float* part, int nseg, int n_off,
                                             int n_tile, int nv, int ng, int gshift, long long rbytes, int rot,
