@@ -65,7 +65,7 @@ def plan_items(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> tuple
     items = -(-n_tile // (ri // nmat)) * -(-K // SEGMENT)
     if items <= NWARPS or K % SEGMENT:
         return ri, False
-    return rows_per_item(qmode, nmat, n_tile, K, zeros, cap=min(ROLL_LOADS, 8 if zeros else LOADS[qmode])), True
+    return rows_per_item(qmode, nmat, n_tile, K, zeros, cap=ROLL_LOADS), True
 
 
 def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, roll, tr="float", to=None,

@@ -64,6 +64,43 @@ __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const
   return a;
 }
 
+// Slot u of an item (RI rows x one vector a lane) against x in shared memory, into acc: each
+// vector's words rotated (rot_words), x of a word read once for all the item's rows, the scale
+// on each word's sum (no partials live). Vectors past the row (v >= nv) add nothing.
+template <int QMODE, bool ZEROS, int RI>
+__device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], const float (&sc)[RI][QVec<QMODE>::GU],
+                                          const float (&zz)[RI][QVec<QMODE>::GU], float (&acc)[RI], int u,
+                                          const float* xs, int v, int nv, int rot, float off0) {
+  constexpr int VW = QVec<QMODE>::VW;
+  if (v >= nv) return;
+#pragma unroll
+  for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
+    const float4 xa = *(const float4*)xw;
+    const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+      const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
+      acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
+    }
+  }
+}
+
+// An item's row sums (a warp's lanes added) into part[row, seg], rows past the tile dropped.
+template <int NMAT, int RI>
+__device__ __forceinline__ void qitem_store(const float (&acc)[RI], float* part, int g, int seg, int nseg,
+                                            int n_tile, int lane) {
+  constexpr int RPM = RI / NMAT;
+#pragma unroll
+  for (int i = 0; i < RI; i++) {
+    const float s = warp_sum(acc[i]);
+    const int mat = i / RPM, r = g * RPM + i % RPM;
+    if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
+  }
+}
+
 // The rolling register buffer (ROLL, a warp of more than one item; gemv_quant.plan_items): RI
 // rows x GU vectors a lane, each slot refilled with the warp's next item once it is read, so
 // the next item's loads fly while this one is dequantised, with no second item's registers.
@@ -91,9 +128,9 @@ __device__ __forceinline__ void qroll_load(uint4 (&wv)[RI][QVec<QMODE>::GU], flo
 }
 
 // op_gemv_qdirect's item loop with the rolling buffer: the first item's loads, then for each
-// item its dot products slot by slot, each slot refilled with the next item's vector. Its own
-// copy of the dot loop: one shared with the plain loop changed the plain tiles' code too and
-// spilled Qwen3-0.6B int8's scheduler (+6%, NOTES v44).
+// item its dot products slot by slot, each slot refilled with the next item's vector. (qroll2's
+// rewrite of the plain loop's loads, slot-major through a struct, spilled Qwen3-0.6B int8's
+// scheduler: +6%, NOTES v44; the plain loop keeps its row-major loads.)
 template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI>
 __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, float* part, int nseg, int n_off,
                                             int n_tile, int nv, int ng, int gshift, long long rbytes, int rot,
@@ -112,31 +149,11 @@ __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, flo
     for (int i = 0; i < RI; i++) acc[i] = 0.f;
 #pragma unroll
     for (int u = 0; u < GU; u++) {
-      const int v = seg * 32 * GU + u * 32 + lane;
-      if (v < nv) {
-#pragma unroll
-        for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
-          const float4 xa = *(const float4*)xw;
-          const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
-#pragma unroll
-          for (int i = 0; i < RI; i++) {
-            const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
-            acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
-          }
-        }
-      }
+      qdot_slot<QMODE, ZEROS, RI>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
       qroll_load<TS, TZ, QMODE, NMAT, ZEROS, RI>(wv, sc, zz, u, P, it + NWARPS, nseg, n_off, n_tile, nv, ng, gshift,
                                                  rbytes, lane);
     }
-#pragma unroll
-    for (int i = 0; i < RI; i++) {
-      const float s = warp_sum(acc[i]);
-      const int mat = i / RPM, r = g * RPM + i % RPM;
-      if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
-    }
+    qitem_store<NMAT, RI>(acc, part, g, seg, nseg, n_tile, lane);
     if (it == warp) AMK_MARK(2);
   }
 }
@@ -202,30 +219,9 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
 #pragma unroll
       for (int i = 0; i < RI; i++) acc[i] = 0.f;
 #pragma unroll
-      for (int u = 0; u < GU; u++) {
-        const int v = seg * 32 * GU + u * 32 + lane;
-        if (v < nv) {
-#pragma unroll
-          for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
-#pragma unroll
-          for (int j = 0; j < 4; j++) {               // x of a word read once for all the item's rows
-            const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
-            const float4 xa = *(const float4*)xw;
-            const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
-#pragma unroll
-            for (int i = 0; i < RI; i++) {            // the scale on each word's sum: no partials live
-              const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
-              acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < RI; i++) {
-        const float s = warp_sum(acc[i]);
-        const int mat = i / RPM, r = g * RPM + i % RPM;
-        if (lane == 0 && r < n_tile) part[(mat * n_tile + r) * nseg + seg] = s;
-      }
+      for (int u = 0; u < GU; u++)
+        qdot_slot<QMODE, ZEROS, RI>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
+      qitem_store<NMAT, RI>(acc, part, g, seg, nseg, n_tile, lane);
       if (it == warp) AMK_MARK(2);
     }
   }
