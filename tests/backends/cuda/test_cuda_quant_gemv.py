@@ -61,6 +61,7 @@ def test_rows_per_item_spread_small_tiles_and_fill_large_ones():
     # more than one item a warp: a rolling buffer of at most 8 loads a lane; else not
     assert gemv_quant.plan_items(2, 1, 972, 2048, False) == (4, True)
     assert gemv_quant.plan_items(1, 2, 62, 2048, False) == (2, True)
+    assert gemv_quant.plan_items(1, 1, 972, 2048, True) == (2, True)     # zeros: 8 loads too
     assert gemv_quant.plan_items(2, 1, 24, 2048, False) == (2, False)
     assert gemv_quant.plan_items(2, 1, 16, 2048, False) == (1, False)
     assert gemv_quant.plan_items(1, 1, 1151, 1024, False) == (4, False)  # half a segment: no roll
