@@ -1,10 +1,9 @@
 """Hand-built batch-1 quantized GEMV programs for op_gemv_qdirect (gemv_quant.py): int8, packed
 int4 and fp8 E4M3 weights, groups of 32 / 64 / 128 and one group a row, with and without
-zeros, some with a bias, on odd shapes (K below one 2048-weight segment, K past whole
-segments, whole segments; a 33-row tile at an odd offset and a 250-row one, so items of few and
-of many rows),
-and a group that is not a power of two (op_gemv runs it). Cases as cuda_examples' (one task
-each; the CPU test and the GPU test against the reference semantics use them)."""
+zeros, some with a bias, on odd shapes (K below one 2048-weight segment, past whole segments
+and of whole segments; a 33-row tile at an odd offset and a 250-row one, so items of few and of
+many rows), and a group that is not a power of two (op_gemv runs it). Cases as cuda_examples'
+(one task each; the CPU test and the GPU test against the reference semantics use them)."""
 from __future__ import annotations
 
 from amk.testing.cuda_examples import Case
