@@ -25,8 +25,9 @@ def cases() -> list[Case]:
                 i += 1
     C.append(quant_case("fp8", 1, 260, 2112, 64, True, True, 3, 250, "qd"))     # fp8 with zeros
     C.append(quant_case("int8", 1, 260, 768, 96, False, False, 5, 33, "qd"))    # group 96: op_gemv
-    # whole segments and many items a warp: the rolling buffer (gemv_quant.plan_items' ROLL),
-    # with zeros too, at an odd first row (the model tests roll only paired gate/up tiles)
+    # whole segments and many items a warp: the rolling buffer (gemv_quant.plan_items' ROLL) at
+    # an odd first row, with zeros, on one int4 matrix and on one fp8 group a row (the model tests
+    # roll int8 / fp8 down and LM head tiles and every gate/up pair, but no zeros, no single int4)
     C.append(quant_case("int8", 1, 260, 4096, 128, True, False, 3, 250, "qd"))
     C.append(quant_case("int4", 1, 260, 4096, 64, False, True, 3, 250, "qd"))
     C.append(quant_case("fp8", 1, 260, 4096, 4096, False, False, 3, 250, "qd"))
