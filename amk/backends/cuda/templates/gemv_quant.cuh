@@ -33,9 +33,10 @@ __device__ __forceinline__ void fp8x2_to_f32(unsigned h, float& lo, float& hi) {
 #endif
 }
 
-// 2^23's bits, opaque to ptxas: with the constant in the permute's immediate slot, ptxas kept
-// each byte selector in a register and re-made it from a uniform register at every use (~0.8
-// moves a weight in the 1B int4 loop); with the constant in a register the selectors are immediates.
+// 2^23's bits, opaque to ptxas (or'd with the dynamic shared memory size >> 30, which is 0: a
+// CTA has less than 1 GiB): with the constant in the permute's immediate slot, ptxas kept each
+// byte selector in a register and re-made it from a uniform register at every use (~0.8 moves a
+// weight in the 1B int4 loop); with the constant in a register the selectors are immediates.
 __device__ __forceinline__ unsigned qmagic() {
   unsigned m;
   asm("{.reg .u32 t;\n mov.u32 t, %%dynamic_smem_size;\n shr.u32 t, t, 30;\n or.b32 %0, t, 0x4B000000;}" : "=r"(m));
@@ -47,15 +48,14 @@ __device__ __forceinline__ unsigned qmagic() {
 // exact), fp8 the zero (ZEROS only).
 template <int QMODE, bool ZEROS>
 __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const float4& xa, const float4& xb) {
-  const unsigned M = qmagic();
   if (QMODE == 1) {
-    const unsigned u = w ^ 0x80808080u;                   // signed byte b -> unsigned b + 128
+    const unsigned M = qmagic(), u = w ^ 0x80808080u;     // signed byte b -> unsigned b + 128
     a += (__uint_as_float(__byte_perm(u, M, 0x7440)) - off) * xa.x;
     a += (__uint_as_float(__byte_perm(u, M, 0x7441)) - off) * xa.y;
     a += (__uint_as_float(__byte_perm(u, M, 0x7442)) - off) * xa.z;
     a += (__uint_as_float(__byte_perm(u, M, 0x7443)) - off) * xa.w;
   } else if (QMODE == 2) {                                // byte j: elements 2j (low), 2j + 1
-    const unsigned lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    const unsigned M = qmagic(), lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
     a += (__uint_as_float(__byte_perm(lo, M, 0x7440)) - off) * xa.x;
     a += (__uint_as_float(__byte_perm(hi, M, 0x7440)) - off) * xa.y;
     a += (__uint_as_float(__byte_perm(lo, M, 0x7441)) - off) * xa.z;
