@@ -33,15 +33,18 @@ __device__ __forceinline__ void fp8x2_to_f32(unsigned h, float& lo, float& hi) {
 #endif
 }
 
-// 2^23's bits, opaque to ptxas (or'd with the dynamic shared memory size >> 30, which is 0: a
-// CTA has less than 1 GiB): with the constant in the permute's immediate slot, ptxas kept each
-// byte selector in a register and re-made it from a uniform register at every use (~0.8 moves a
-// weight in the 1B int4 loop); with the constant in a register the selectors are immediates.
-__device__ __forceinline__ unsigned qmagic() {
+// A float's high bits C, opaque to ptxas (or'd with the dynamic shared memory size >> 30, which
+// is 0: a CTA has less than 1 GiB): with the constant in the permute's immediate slot, ptxas kept
+// each byte selector in a register and re-made it from a uniform register at every use (~0.8
+// moves a weight in the 1B int4 loop); with the constant in a register the selectors are
+// immediates. qmagic(): 2^23 (the exact path); qhalf(): 0.5 (the FMA path).
+template <unsigned C> __device__ __forceinline__ unsigned qconst() {
   unsigned m;
-  asm("{.reg .u32 t;\n mov.u32 t, %%dynamic_smem_size;\n shr.u32 t, t, 30;\n or.b32 %0, t, 0x4B000000;}" : "=r"(m));
+  asm("{.reg .u32 t;\n mov.u32 t, %%dynamic_smem_size;\n shr.u32 t, t, 30;\n or.b32 %0, t, %1;}" : "=r"(m) : "n"(C));
   return m;
 }
+__device__ __forceinline__ unsigned qmagic() { return qconst<0x4B000000u>(); }
+__device__ __forceinline__ unsigned qhalf() { return qconst<0x3F000000u>(); }
 
 // a + sum (w_e - zero) x_e over one 32-bit word of weights and its x (xa; int4: xa, xb). off: int8 2^23
 // + 128 + zero, int4 2^23 + 8 + zero (a byte b becomes the fp32 2^23 + b by one byte permute,
@@ -74,6 +77,40 @@ __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const
   return a;
 }
 
+// The FMA path (qfma: int4 items of two rows or more, int8 ones of at most 8 loads a lane): a
+// weight's bits go into the mantissa of 0.5 by one permute, exactly (int4 nibbles at bits 16-19:
+// 0.5 + q / 2^8; int8 bytes + 128 at bits 8-15: 0.5 + u / 2^16; bit 23 is the exponent's), so a
+// weight costs a permute and an FMA: a + sum (0.5 + q / 2^K) x over one word (xa; int4 xa, xb).
+// The offsets come off once a vector (qdot_slot), against x's sum, which the item's rows share.
+template <int QMODE>
+__device__ __forceinline__ float qdot_word_half(float a, unsigned w, const float4& xa, const float4& xb) {
+  const unsigned H = qhalf();
+  if (QMODE == 1) {
+    const unsigned u = w ^ 0x80808080u;                   // signed byte b -> unsigned b + 128
+    a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7404)), xa.x, a);
+    a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7414)), xa.y, a);
+    a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7424)), xa.z, a);
+    a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7434)), xa.w, a);
+  } else {                                                // byte j: elements 2j (low), 2j + 1
+    const unsigned lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7044)), xa.x, a);
+    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7044)), xa.y, a);
+    a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7144)), xa.z, a);
+    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7144)), xa.w, a);
+    a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7244)), xb.x, a);
+    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7244)), xb.y, a);
+    a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7344)), xb.z, a);
+    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7344)), xb.w, a);
+  }
+  return a;
+}
+
+// Whether an item of RI rows takes the FMA path: x's sum is shared by two rows or more, and int8
+// items of 16 loads a lane kept the exact path (with the FMA path Qwen3-0.6B int8's scheduler
+// kept its step counter in local memory).
+template <int QMODE, int RI>
+__device__ constexpr bool qfma() { return RI >= 2 && (QMODE == 2 || (QMODE == 1 && RI * QVec<QMODE>::GU <= 8)); }
+
 // Slot u of an item (RI rows x one vector a lane) against x in shared memory, into acc: each
 // vector's words rotated (rot_words), x of a word read once for all the item's rows, the scale
 // on each word's sum (no partials live). Vectors past the row (v >= nv) add nothing.
@@ -85,16 +122,29 @@ __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], cons
   if (v >= nv) return;
 #pragma unroll
   for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+  constexpr bool FMA = qfma<QMODE, RI>();
+  float xsum = 0.f, hs[RI];                       // FMA: x's sum over the vector, the rows' sums
+#pragma unroll
+  for (int i = 0; i < RI; i++) hs[i] = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; j++) {
     const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
     const float4 xa = *(const float4*)xw;
     const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
+    if (FMA) xsum += (xa.x + xa.y) + (xa.z + xa.w) + (QMODE == 2 ? (xb.x + xb.y) + (xb.z + xb.w) : 0.f);
 #pragma unroll
     for (int i = 0; i < RI; i++) {
       const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
-      acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
+      if (FMA) hs[i] = qdot_word_half<QMODE>(hs[i], w, xa, xb);
+      else acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
     }
+  }
+  if (FMA) {
+    // sum (q - off - zero) x = 2^K hs - (2^(K-1) + off + zero) xsum; off0 - 2^23 is the exact
+    // path's offset (int8 128, int4 8)
+    constexpr float K = QMODE == 1 ? 65536.f : 256.f, C = QMODE == 1 ? 32768.f + 128.f : 128.f + 8.f;
+#pragma unroll
+    for (int i = 0; i < RI; i++) acc[i] += sc[i][u] * fmaf(K, hs[i], -(C + zz[i][u]) * xsum);
   }
 }
 
