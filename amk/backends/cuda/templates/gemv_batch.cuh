@@ -358,7 +358,9 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   float* sq = part + NMAT * rows16 * MP * CH;              // [windows][MP][per], then rinv [MP]
   float* rinv = sq + (NORM ? (Kd + KW - 1) / KW : 1) * MP * per;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  char* ring = (char*)(((unsigned long long)(rinv + MP) + 15) & ~15ULL) + warp * RD * SB;
+  // aligned as an offset from smem: through an integer cast the compiler lost that the ring is
+  // shared memory and read it by generic 64-bit loads, not LDS
+  char* ring = smem + ((((char*)(rinv + MP) - smem) + 15) & ~15) + warp * RD * SB;
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
