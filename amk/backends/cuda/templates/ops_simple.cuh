@@ -358,12 +358,14 @@ __device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int 
   return kv_live_shards((int)(hi - lo), np, rows);
 }
 
-// One head's outputs dd .. dd + V - 1 merged over the first np of NPC partials (part(p): that
-// head's [acc | m | l] in partial p). Every m is loaded at once (-inf past np), then the l and
-// values of COMB_GROUP partials at a time: a max or a sum fed by each load (a predicated load
-// into the running max, a break after each partial) made them one L2 round trip after another,
-// 16 in a row at 16 partials (v47, SASS). Partials past np add +0 to sums that start at +0 and
-// never become -0: the bits of a loop over the np alone, in the same order, in both paths.
+// combine_direct's merge of one head's outputs dd .. dd + V - 1 over the first np of NPC partials
+// (part(p): that head's [acc | m | l] in partial p). Every m is loaded at once (-inf past np),
+// then the l and values of COMB_GROUP partials at a time: a max or a sum fed by each load (a
+// predicated load into the running max, a break after each partial) made them one L2 round
+// trip after another, 16 in a row at 16 partials (NOTES v47: batch 16 -5%). Partials past np
+// add +0 to sums that start at +0 and never become -0: the bits of the staged path's loop over
+// the np alone, in the same order. (That loop reads shared memory; grouped like this it lost
+// 1-3% at batch 1, v47.)
 #define COMB_GROUP 4
 template <class TP, int NPC, int V, class Part>
 __device__ __forceinline__ void comb_merge(Part part, int np, int hd, int dd, float& L, float (&acc)[4]) {
@@ -482,9 +484,23 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     if (threadIdx.x == 0) amk_comb_uses = ph + 1;
     for (int i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * NT) {
       const int r = i0, h = h0 + r / hd, dd = r % hd;
-      float L, acc[4];
-      comb_merge<TP, NPC, 4>([&](int p) { return (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2); }, np, hd, dd,
-                             L, acc);
+      float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+      for (int p = 0; p < NPC; p++) {
+        if (p >= np) break;
+        mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
+      }
+      float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int p = 0; p < NPC; p++) {
+        if (p >= np) break;
+        const TP* pp = (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2);
+        const float lp = to_f(pp[hd + 1]);
+        const float w = lp > 0.f ? expf(to_f(pp[hd]) - mx) : 0.f;
+        L += lp * w;
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[k] += to_f(pp[dd + k]) * w;
+      }
 #pragma unroll
       for (int k = 0; k < 4; k++) {
         const TO o = from_f<TO>(acc[k] / fmaxf(L, 1e-20f));
