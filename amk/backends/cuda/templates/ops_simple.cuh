@@ -358,12 +358,59 @@ __device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int 
   return kv_live_shards((int)(hi - lo), np, rows);
 }
 
+// combine_direct's merge of one head's outputs dd .. dd + V - 1 over the first np of NPC partials
+// (part(p): that head's [acc | m | l] in partial p). Every m is loaded at once (-inf past np),
+// then the l and values of COMB_GROUP partials at a time: a max or a sum fed by each load (a
+// predicated load into the running max, a break after each partial) made them one L2 round
+// trip after another, 16 in a row at 16 partials (NOTES v47: batch 16 -5%). Partials past np
+// add +0 to sums that start at +0 and never become -0: the bits of the staged path's loop over
+// the np alone, in the same order. (That loop reads shared memory; grouped like this it lost
+// 1-3% at batch 1, v47.)
+#define COMB_GROUP 4
+template <class TP, int NPC, int V, class Part>
+__device__ __forceinline__ void comb_merge(Part part, int np, int hd, int dd, float& L, float (&acc)[4]) {
+  float mp[NPC], mx = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int p = 0; p < NPC; p++) { mp[p] = mx; if (p < np) mp[p] = to_f(part(p)[hd]); }
+#pragma unroll
+  for (int p = 0; p < NPC; p++) mx = fmaxf(mx, mp[p]);
+  L = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) acc[k] = 0.f;
+#pragma unroll
+  for (int p0 = 0; p0 < NPC; p0 += COMB_GROUP) {
+    float lp[COMB_GROUP], v[COMB_GROUP][V];
+#pragma unroll
+    for (int g = 0; g < COMB_GROUP; g++) {
+      const int p = p0 + g;
+      lp[g] = 0.f;
+#pragma unroll
+      for (int k = 0; k < V; k++) v[g][k] = 0.f;
+      if (p < NPC && p < np) {
+        const TP* pp = part(p);
+        lp[g] = to_f(pp[hd + 1]);
+#pragma unroll
+        for (int k = 0; k < V; k++) v[g][k] = to_f(pp[dd + k]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < COMB_GROUP; g++) {
+      const int p = p0 + g;
+      if (p >= NPC) break;
+      const float w = lp[g] > 0.f ? expf(mp[p] - mx) : 0.f;
+      L += lp[g] * w;
+#pragma unroll
+      for (int k = 0; k < V; k++) acc[k] += v[g][k] * w;
+    }
+  }
+}
+
 // op_combine when its partials cannot be staged in shared memory (the 1B step's 16 live partials
 // at context 4096 are 135 KB, the staging area below the o tile's preload 68 KB; a batch's):
 // read from global memory. A thread merges 4 consecutive outputs of one head of one row, as the
-// staged path does (same order: same bits), with every partial's loads of a phase issued at
-// once (the loops unrolled to NPC): a scalar loop over the partials, an output a thread, was
-// two dependent L2 round trips a partial, 13 us a task at 4096 (NOTES v22). Out of line:
+// staged path does (comb_merge: same order, same bits), the partials' loads issued together: a
+// scalar loop over the partials, an output a thread, was two dependent L2 round trips a
+// partial, 13 us a task at 4096 (NOTES v22). Out of line:
 // never-run code inside a hot function costs time (NOTES v16). The first np of its NPC
 // partials; with a position a row (POS_SEQ), row b's own count.
 template <class TP, class TO, int NPC>
@@ -376,23 +423,9 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
     const int b = i0 / (hc * hd), r = i0 - b * hc * hd, h = h0 + r / hd, dd = r % hd;
     const long long base = ((long long)b * nh + h) * (hd + 2);
     const int np = d.ip[P_COMB_POS_SEQ] ? comb_live(d, P, NPC, b) : np0;
-    float mp[NPC], mx = -__int_as_float(0x7f800000);
-#pragma unroll
-    for (int p = 0; p < NPC; p++) {
-      mp[p] = p < np ? to_f(((const TP*)P[p])[base + hd]) : mx;
-      mx = fmaxf(mx, mp[p]);
-    }
-    float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int p = 0; p < NPC; p++) {
-      if (p >= np) break;
-      const TP* pp = (const TP*)P[p] + base;
-      const float lp = to_f(pp[hd + 1]);
-      const float w = lp > 0.f ? expf(mp[p] - mx) : 0.f;
-      L += lp * w;
-#pragma unroll
-      for (int k = 0; k < 4; k++) if (k < V) acc[k] += to_f(pp[dd + k]) * w;
-    }
+    float L, acc[4];
+    if (V == 4) comb_merge<TP, NPC, 4>([&](int p) { return (const TP*)P[p] + base; }, np, hd, dd, L, acc);
+    else comb_merge<TP, NPC, 1>([&](int p) { return (const TP*)P[p] + base; }, np, hd, dd, L, acc);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       if (k >= V) break;
