@@ -2,7 +2,7 @@
 // int8, packed int4 or fp8 E4M3 with group scales (+ zeros), seed layout (quant.py), streamed as
 // op_gemv_direct streams float weights: up to 16 direct 16-byte loads a lane in flight (8 rolling),
 // dequantised in registers against x in shared memory (fp32), the group scale on each 32-bit
-// word's partial sum.
+// word's partial sum (the FMA path, qfma: on each vector's).
 
 // QMODE 1 int8 / 3 fp8: 16 weights a 16-byte vector; 2 int4: 32. GU vectors a row a lane: an
 // item's K segment is 32 x GU x VW = 2048 weights, and RI rows x GU = 16 loads at most (8 with
@@ -113,7 +113,8 @@ __device__ constexpr bool qfma() { return RI >= 2 && (QMODE == 2 || (QMODE == 1 
 
 // Slot u of an item (RI rows x one vector a lane) against x in shared memory, into acc: each
 // vector's words rotated (rot_words), x of a word read once for all the item's rows, the scale
-// on each word's sum (no partials live). Vectors past the row (v >= nv) add nothing.
+// on each word's sum (the FMA path: on the vector's, after its offsets). Vectors past the row
+// (v >= nv) add nothing.
 template <int QMODE, bool ZEROS, int RI>
 __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], const float (&sc)[RI][QVec<QMODE>::GU],
                                           const float (&zz)[RI][QVec<QMODE>::GU], float (&acc)[RI], int u,
