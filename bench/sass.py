@@ -37,7 +37,6 @@ from gpu_tool import parser  # noqa: E402
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 _REG = re.compile(r"\bR(\d+)(\.64)?\b")
-_GLOBAL_LOAD = ("LDG", "LD.", "LD ")        # LD: generic, may be global
 _BLOCK_END = ("BRA", "EXIT", "RET", "CALL", "JMP")
 
 
@@ -51,7 +50,7 @@ class Instr:
     def dst(self) -> set[int]:
         """Registers the instruction writes (its first operand, for the usual ALU and load forms)."""
         first = self.args.split(",", 1)[0]
-        return _regs(first) if not self.op.startswith(("ST", "RED", "BAR", "BRA")) else set()
+        return _regs(first) if not self.op.startswith(("ST", "RED", "BAR", "BRA", "LDGSTS")) else set()
 
     def src(self) -> set[int]:
         parts = self.args.split(",", 1)
@@ -82,14 +81,18 @@ def parse(sass: str) -> list[Instr]:
 
 
 def is_global_load(i: Instr) -> bool:
-    return i.op.startswith("LDG") or i.op == "LD" or i.op.startswith("LD.")
+    """LDG (global) or LD (generic, may be global); not LDGSTS (cp.async) or LDGDEPBAR."""
+    return i.op.split(".")[0] in ("LDG", "LD")
 
 
 def opcode_counts(instrs: list[Instr]) -> dict[str, int]:
-    keys = {"LDG": lambda o: o.startswith("LDG"), "LDS": lambda o: o.startswith("LDS"),
-            "LD": lambda o: o == "LD" or o.startswith("LD."), "PRMT": lambda o: o == "PRMT",
-            "HMMA": lambda o: o.startswith("HMMA"), "FFMA": lambda o: o == "FFMA"}
-    return {k: sum(1 for i in instrs if f(i.op)) for k, f in keys.items()}
+    """Instructions of each kind by the opcode's first part (LDG is not LDGSTS, LDS not LDSM)."""
+    out = dict.fromkeys(("LDG", "LDS", "LD", "PRMT", "HMMA", "FFMA"), 0)
+    for i in instrs:
+        head = i.op.split(".")[0]
+        if head in out:
+            out[head] += 1
+    return out
 
 
 def permute_blocks(instrs: list[Instr], min_prmt: int = 32) -> list[float]:
@@ -109,7 +112,6 @@ def load_chains(instrs: list[Instr], min_len: int = 4) -> list[tuple[int, int]]:
     """(address of the first load, length) of each chain of >= min_len global loads in which
     every load needs a register derived from the one before it. Straight-line code only: the
     taint is dropped at every branch."""
-    chains = []
     taint: dict[int, int] = {}        # register -> index of the load its value came from
     depth: dict[int, int] = {}        # load index -> its chain's length so far
     first: dict[int, int] = {}        # load index -> its chain's first load's address
@@ -135,8 +137,7 @@ def load_chains(instrs: list[Instr], min_len: int = 4) -> list[tuple[int, int]]:
     for k, n in depth.items():
         if n >= min_len:
             ends[first[k]] = max(ends.get(first[k], 0), n)
-    chains = sorted(ends.items())
-    return chains
+    return sorted(ends.items())
 
 
 def spills(log: str) -> dict[str, str]:

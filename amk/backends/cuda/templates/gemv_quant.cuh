@@ -141,8 +141,8 @@ __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], cons
     }
   }
   if (FMA) {
-    // sum (q - off - zero) x = 2^K hs - (2^(K-1) + off + zero) xsum; off0 - 2^23 is the exact
-    // path's offset (int8 128, int4 8)
+    // sum (q - off - zero) x = 2^K hs - (2^(K-1) + off + zero) xsum: C = 2^(K-1) (the 0.5's
+    // share) + off, the exact path's offset (int8 128, int4 8)
     constexpr float K = QMODE == 1 ? 65536.f : 256.f, C = QMODE == 1 ? 32768.f + 128.f : 128.f + 8.f;
 #pragma unroll
     for (int i = 0; i < RI; i++) acc[i] += sc[i][u] * fmaf(K, hs[i], -(C + zz[i][u]) * xsum);
