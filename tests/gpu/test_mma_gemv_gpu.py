@@ -108,3 +108,11 @@ def test_quantized_qwen3_shape_step_matches_reference_vm(fmt):
 def test_quantized_batch1_step_at_other_groups_matches_reference_vm(fmt, group):
     """op_gemv_qdirect with every fold (norm, gate/up + silu, residual add, argmax partials)."""
     _step_matches_reference(replace(LLAMA_3_2_1B, n_layers=2, vocab=8192), 1, fmt, 100, seed=9, group=group)
+
+
+@pytest.mark.parametrize("fmt,batch", [(None, 1), ("int4", 1), ("int8", 1), ("fp8", 1), (None, 16)])
+def test_a_down_projection_wider_than_the_work_area_matches_reference_vm(fmt, batch):
+    """Qwen2-7B's FFN width (K 18944 > smem.XS_MAX): at batch 1 the GEMV's x and sums run into
+    the staging area below the preload (smem.GEMV_X_MAX), at batch 16 x comes in windows."""
+    cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192, hidden=512, n_heads=8, n_kv_heads=2, ffn=18944)
+    _step_matches_reference(cfg, batch, fmt, 100, seed=12)

@@ -9,7 +9,7 @@ from amk.program.ir import BufferKind, DType, InstructionKind as K
 from amk.program.regions import NEW_KV, combine_partials, seq_range
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
 from amk.backends.cuda.ring import SEG_BYTES
-from amk.backends.cuda.smem import NWARPS, XS_MAX
+from amk.backends.cuda.smem import GEMV_X_MAX, NWARPS, XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
                                      int_input)
 
@@ -186,8 +186,6 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     if not (0 <= n_off and n_off + n_tile <= min(n_full, N)):
         fail(t, f"tile [{n_off}, {n_off + n_tile}) exceeds the weight's {n_full} rows / "
                  f"output's {N} columns")
-    if Kd > XS_MAX:
-        fail(t, f"K={Kd} exceeds the {XS_MAX} elements a GEMV stages in shared memory")
     mb = max(1, min(M, 4, XS_MAX // Kd))
     # the non-coherent read-only path only for buffers nothing writes during the kernel
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
@@ -200,6 +198,9 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                and _direct_fits(Kd, n_tile, -(-Kd // gemv_quant.SEGMENT)))
     mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
+    if not (direct or qdirect or mma is not None) and Kd > GEMV_X_MAX:   # op_gemv stages one row
+        fail(t, f"K={Kd} exceeds the {GEMV_X_MAX} elements of x a GEMV at M={M} stages in shared memory "
+                 f"(batch 1, or weights the tensor-core GEMV cannot take)")
     if qdirect:
         ri, roll = gemv_quant.plan_items(qmode, 1, n_tile, Kd, zeros is not None)
         var = gemv_quant.gemv_qdirect(tx=ftype(t, x.dtype), ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode,
@@ -240,8 +241,10 @@ def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: 
 
 def _direct_fits(Kd: int, n_tile: int, nseg: int) -> bool:
     """x (fp32) and op_gemv_direct's / op_gemv_qdirect's sums (one per row and K segment) fit in
-    the work area, also once the tile is paired with another (pair_gemvs)."""
-    return -(-Kd // 4) * 4 + 2 * n_tile * nseg <= XS_MAX
+    the work area, also once the tile is paired with another (pair_gemvs); a K past the work
+    area (XS_MAX) runs into the staging area below it (GEMV_X_MAX)."""
+    need = -(-Kd // 4) * 4 + 2 * n_tile * nseg
+    return need <= (XS_MAX if Kd <= XS_MAX else GEMV_X_MAX)
 
 
 def _enc_norm(t, op, ins, outs, p) -> Encoded:

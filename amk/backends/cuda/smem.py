@@ -67,6 +67,14 @@ STAGE_BYTES_V2 = RING_OFF - STAGE_OFF
 assert RING_OFF % 1024 == 0 and STAGE_BYTES_V2 > 0
 SMEM_BYTES_V2 = RING_OFF + RING_BYTES
 
+# A batch-1 GEMV's x (fp32) and its sums may run past the work area into the staging area
+# below the preload (v1) or the ring (v2), whichever is lower: nothing lands there while a GEMV
+# runs (the attention's and the combine's copies are waited for inside their own tasks; the
+# preload and the ring lie above). So K up to ~21.5 K (Qwen2-7B's down projection, K 18944)
+# runs where the work area alone stops at XS_MAX.
+GEMV_X_MAX = min(PRE_OFF, RING_OFF) // 4
+assert GEMV_X_MAX > XS_MAX
+
 
 def cta_threads(kernel: str) -> int:
     """Threads a CTA of `kernel` ("v1" | "v2") launches with."""

@@ -47,6 +47,41 @@ def test_model_decode_steps_compile_for_sm90a(name, cfg, device, fmt):
     assert_cubin(low)
 
 
+# Qwen2-7B's FFN width: the down projection's K (18944) is past the work area (XS_MAX 16384)
+WIDE_FFN = DecoderConfig(vocab=4096, hidden=512, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=64,
+                         ffn=18944, qkv_bias=True, arch="qwen2", max_seq=512, dtype=torch.bfloat16)
+
+
+def _k_variant(low, k: int) -> str:
+    """The device function of the first step whose GEMV has this K (cuda_folded stage)."""
+    lines = low.stages["cuda_folded"].split("\n")
+    i = next(i for i, ln in enumerate(lines) if f" K={k} " in ln)
+    return lines[i - 1].split(":", 1)[1].split()[1].split("<")[0]
+
+
+@pytest.mark.parametrize("fmt,batch,fn", [(None, 1, "op_gemv_direct"), ("int4", 1, "op_gemv_qdirect"),
+                                          ("int8", 1, "op_gemv_qdirect"), (None, 16, "op_gemv_mma")])
+def test_a_down_projection_wider_than_the_work_area_compiles(fmt, batch, fn):
+    """At batch 1 its x runs into the staging area (smem.GEMV_X_MAX); the batched GEMV takes x in
+    windows. Both refused K > 16384 before."""
+    from amk.backends.cuda.smem import GEMV_X_MAX, XS_MAX
+    assert XS_MAX < WIDE_FFN.ffn < GEMV_X_MAX
+    m = random_model(WIDE_FFN, device="cpu" if fmt else "meta")
+    if fmt is not None:
+        m.quantize(fmt)
+    low = m.lower(backend="cuda", batch=batch)
+    assert _k_variant(low, WIDE_FFN.ffn) == fn
+    assert_cubin(low)
+
+
+def test_a_k_past_the_staging_area_is_refused_by_name():
+    from amk.errors import CompileError
+    cfg = replace(WIDE_FFN, ffn=32768)
+    low = random_model(cfg, device="meta").lower(backend="cuda")
+    with pytest.raises(CompileError, match=r"K=32768 exceeds the 22272 elements of x a GEMV at M=1"):
+        low.compile_cuda(arch="sm_90a")
+
+
 def test_tiny_qwen3_compiles_for_sm90a():
     transformers = pytest.importorskip("transformers")
     from amk.models import from_hf
