@@ -44,8 +44,8 @@ def test_mma_gemv_matches_reference(runs, case):
     assert err.max().item() < 2e-2, f"{case}: worst element error {err.max().item():.2e}"
 
 
-def _step_matches_reference(cfg, batch, fmt, pos, seed, group=128):
-    m = random_model(cfg, device="cuda", max_seq=256, seed=seed)
+def _step_matches_reference(cfg, batch, fmt, pos, seed, group=128, max_seq=256):
+    m = random_model(cfg, device="cuda", max_seq=max_seq, seed=seed)
     if fmt:
         m.quantize(fmt, group=group)
     params, token, p, kv = m.example_args(batch)
@@ -116,3 +116,13 @@ def test_a_down_projection_wider_than_the_work_area_matches_reference_vm(fmt, ba
     the staging area below the preload (smem.GEMV_X_MAX), at batch 16 x comes in windows."""
     cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192, hidden=512, n_heads=8, n_kv_heads=2, ffn=18944)
     _step_matches_reference(cfg, batch, fmt, 100, seed=12)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_a_combine_of_more_partials_than_it_keeps_in_registers_matches_reference_vm(kv_heads, batch):
+    """2 or 4 kv heads at an 8K cache: 56 or 33 shards a head at position 5000, merged by
+    combine_direct (batch > 1, or partials past the staging area), which loads their m again
+    with their l past 16 partials (comb_merge, v47)."""
+    cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192, n_kv_heads=kv_heads)
+    _step_matches_reference(cfg, batch, None, 5000, seed=13, max_seq=8192)

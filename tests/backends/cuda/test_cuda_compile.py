@@ -123,6 +123,23 @@ def test_the_1b_kernel_spills_in_no_function():
         assert "0 bytes spill stores" in line, (name, line)
 
 
+@pytest.mark.parametrize("kv_heads,npc", [(4, 33), (2, 56)])
+def test_a_combine_of_more_partials_than_it_keeps_in_registers_does_not_spill(kv_heads, npc):
+    """Few kv heads at an 8K cache split each into 33-56 shards: combine_direct (comb_merge)
+    loads their m again with their l past 16 partials, a group at a time in a loop. Keeping
+    every m, unrolled, spilled combine_direct 20 / 24 B and the scheduler 32 / 88 B (v47)."""
+    cfg = replace(LLAMA_3_2_1B, max_seq=8192, n_layers=2, n_kv_heads=kv_heads)
+    src = render(random_model(cfg, device="meta").lower(backend="cuda").program)
+    assert f"op_combine<float, bf16, 64, {npc}>" in src
+    blocks = dict(re.findall(r"Function properties for (\S+)\n(.*)\n", compile_source(src, "sm_90a").log))
+    for name, line in blocks.items():
+        if "combine" in name or "run_variant" in name:
+            assert "0 bytes spill stores, 0 bytes spill loads" in line, (name, line)
+    # the scheduler: no more than the 4 B it keeps at these shapes since before v47
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", blocks["amk_megakernel"])
+    assert int(spill.group(1)) <= 4 and int(spill.group(2)) <= 12, blocks["amk_megakernel"]
+
+
 def test_lineinfo_is_a_separate_cubin_with_a_line_table(cache):
     src = render(examples.cases()[0].program)
     plain = compile_source(src, "sm_90a", cuda_options=cache)

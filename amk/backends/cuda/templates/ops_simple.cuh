@@ -359,49 +359,79 @@ __device__ __forceinline__ int comb_live(const TaskDesc& d, void* const* P, int 
 }
 
 // combine_direct's merge of one head's outputs dd .. dd + V - 1 over the first np of NPC partials
-// (part(p): that head's [acc | m | l] in partial p). Every m is loaded at once (-inf past np),
-// then the l and values of COMB_GROUP partials at a time: a max or a sum fed by each load (a
-// predicated load into the running max, a break after each partial) made them one L2 round
-// trip after another, 16 in a row at 16 partials (NOTES v47: batch 16 -5%). Partials past np
-// add +0 to sums that start at +0 and never become -0: the bits of the staged path's loop over
-// the np alone, in the same order. (That loop reads shared memory; grouped like this it lost
-// 1-3% at batch 1, v47.)
+// (part(p): that head's [acc | m | l] in partial p). The m of COMB_MG partials are loaded at
+// once (-inf past np), then the l and values of COMB_GROUP partials at a time: a max or a sum
+// fed by each load (a predicated load into the running max, a break after each partial) made
+// them one L2 round trip after another, 16 in a row at 16 partials (NOTES v47: batch 16 -5%).
+// Up to COMB_MG partials every m stays in a register for the second pass; past it (a model of
+// 2-4 kv heads at an 8K cache: 33-56 partials) each m is loaded again with its l, and both
+// passes are loops: unrolled, the compiler hoisted every group's loads, and combine_direct
+// spilled 20 / 24 B, the scheduler 32 / 88 B (v47). Partials past np add +0 to sums that
+// start at +0 and never become -0: the bits of the staged path's loop over the np alone, in the
+// same order. (That loop reads shared memory; grouped like this it lost 1-3% at batch 1, v47.)
 #define COMB_GROUP 4
+#define COMB_MG 16
+// COMB_GROUP partials' l and values (and m, unless kept), issued together, then their shares
+template <class TP, int NPC, int V, bool KEEP, class Part>
+__device__ __forceinline__ void comb_group(Part part, int p0, int np, int hd, int dd, const float* mp, float mx,
+                                           float& L, float (&acc)[4]) {
+  float mq[COMB_GROUP], lp[COMB_GROUP], v[COMB_GROUP][V];
+#pragma unroll
+  for (int g = 0; g < COMB_GROUP; g++) {
+    const int p = p0 + g;
+    mq[g] = 0.f;
+    lp[g] = 0.f;
+#pragma unroll
+    for (int k = 0; k < V; k++) v[g][k] = 0.f;
+    if (p < NPC && p < np) {
+      const TP* pp = part(p);
+      if (!KEEP) mq[g] = to_f(pp[hd]);
+      lp[g] = to_f(pp[hd + 1]);
+#pragma unroll
+      for (int k = 0; k < V; k++) v[g][k] = to_f(pp[dd + k]);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < COMB_GROUP; g++) {
+    const int p = p0 + g;
+    if (p >= NPC) break;
+    const float w = lp[g] > 0.f ? expf((KEEP ? mp[p] : mq[g]) - mx) : 0.f;
+    L += lp[g] * w;
+#pragma unroll
+    for (int k = 0; k < V; k++) acc[k] += v[g][k] * w;
+  }
+}
+
 template <class TP, int NPC, int V, class Part>
 __device__ __forceinline__ void comb_merge(Part part, int np, int hd, int dd, float& L, float (&acc)[4]) {
-  float mp[NPC], mx = -__int_as_float(0x7f800000);
+  constexpr bool KEEP = NPC <= COMB_MG;
+  float mp[KEEP ? NPC : COMB_MG], mx = -__int_as_float(0x7f800000);
+  if constexpr (KEEP) {
 #pragma unroll
-  for (int p = 0; p < NPC; p++) { mp[p] = mx; if (p < np) mp[p] = to_f(part(p)[hd]); }
+    for (int p = 0; p < NPC; p++) { mp[p] = mx; if (p < np) mp[p] = to_f(part(p)[hd]); }
 #pragma unroll
-  for (int p = 0; p < NPC; p++) mx = fmaxf(mx, mp[p]);
+    for (int p = 0; p < NPC; p++) mx = fmaxf(mx, mp[p]);
+  } else {          // COMB_MG at a time, a loop (as the groups below)
+#pragma unroll 1
+    for (int p0 = 0; p0 < NPC; p0 += COMB_MG) {
+#pragma unroll
+      for (int g = 0; g < COMB_MG; g++) {
+        mp[g] = mx;
+        if (p0 + g < NPC && p0 + g < np) mp[g] = to_f(part(p0 + g)[hd]);
+      }
+#pragma unroll
+      for (int g = 0; g < COMB_MG; g++) mx = fmaxf(mx, mp[g]);
+    }
+  }
   L = 0.f;
 #pragma unroll
   for (int k = 0; k < 4; k++) acc[k] = 0.f;
+  if constexpr (KEEP) {
 #pragma unroll
-  for (int p0 = 0; p0 < NPC; p0 += COMB_GROUP) {
-    float lp[COMB_GROUP], v[COMB_GROUP][V];
-#pragma unroll
-    for (int g = 0; g < COMB_GROUP; g++) {
-      const int p = p0 + g;
-      lp[g] = 0.f;
-#pragma unroll
-      for (int k = 0; k < V; k++) v[g][k] = 0.f;
-      if (p < NPC && p < np) {
-        const TP* pp = part(p);
-        lp[g] = to_f(pp[hd + 1]);
-#pragma unroll
-        for (int k = 0; k < V; k++) v[g][k] = to_f(pp[dd + k]);
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < COMB_GROUP; g++) {
-      const int p = p0 + g;
-      if (p >= NPC) break;
-      const float w = lp[g] > 0.f ? expf(mp[p] - mx) : 0.f;
-      L += lp[g] * w;
-#pragma unroll
-      for (int k = 0; k < V; k++) acc[k] += v[g][k] * w;
-    }
+    for (int p0 = 0; p0 < NPC; p0 += COMB_GROUP) comb_group<TP, NPC, V, true>(part, p0, np, hd, dd, mp, mx, L, acc);
+  } else {          // a loop: unrolled, the compiler hoisted every group's loads (spills)
+#pragma unroll 1
+    for (int p0 = 0; p0 < NPC; p0 += COMB_GROUP) comb_group<TP, NPC, V, false>(part, p0, np, hd, dd, mp, mx, L, acc);
   }
 }
 
