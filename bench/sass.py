@@ -178,22 +178,29 @@ def disassemble(cubin: Path) -> str:
     return r.stdout
 
 
-def build(model: str, quant: str | None, batch: int, max_seq: int, layers: int | None):
-    """(kernel.cu, CompileResult) of the preset's step for sm_90a."""
+def compile_step(cfg, quant: str | None, batch: int):
+    """(kernel.cu, CompileResult) of a DecoderConfig's decode step for sm_90a: meta weights, or
+    quantized ones on the CPU (quant: a Model.quantize format). shape_scan.py uses it too."""
     from amk.backends.cuda.codegen import render
     from amk.backends.cuda.compile import compile_source
-    from amk.models.presets import PRESETS, random_model
-    if model not in PRESETS:
-        raise SystemExit(f"bench/sass.py: unknown preset {model!r}; choose one of {sorted(PRESETS)}")
-    cfg = replace(PRESETS[model], max_seq=max_seq)
-    if layers is not None:
-        cfg = replace(cfg, n_layers=layers)
+    from amk.models.presets import random_model
     m = random_model(cfg, device="cpu" if quant else "meta")
     if quant:
         m.quantize(quant)
     low = m.lower(backend="cuda", batch=batch)
     src = render(low.program, low.cuda_options)
     return src, compile_source(src, "sm_90a", use_cache=False, cuda_options=low.cuda_options)
+
+
+def build(model: str, quant: str | None, batch: int, max_seq: int, layers: int | None):
+    """(kernel.cu, CompileResult) of the preset's step for sm_90a."""
+    from amk.models.presets import PRESETS
+    if model not in PRESETS:
+        raise SystemExit(f"bench/sass.py: unknown preset {model!r}; choose one of {sorted(PRESETS)}")
+    cfg = replace(PRESETS[model], max_seq=max_seq)
+    if layers is not None:
+        cfg = replace(cfg, n_layers=layers)
+    return compile_step(cfg, quant, batch)
 
 
 def report(sass: str, log: str, cubin: bytes) -> dict:

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent))   # amk without PYTHONPATH
 from gpu_tool import parser  # noqa: E402
-from sass import spills  # noqa: E402
+from sass import compile_step, spills  # noqa: E402
 
 from amk.models.llama import DecoderConfig  # noqa: E402
 
@@ -45,16 +45,8 @@ SHAPES = {
 
 def scan_one(shape: str, fmt: str, batch: int) -> dict:
     """{"ok": bool, "error": str | None, "spills": {function: ptxas line}} of one step."""
-    from amk.backends.cuda.codegen import render
-    from amk.backends.cuda.compile import compile_source
-    from amk.models.presets import random_model
     try:
-        m = random_model(SHAPES[shape], device="meta" if fmt == "bf16" else "cpu")
-        if fmt != "bf16":
-            m.quantize(fmt)
-        low = m.lower(backend="cuda", batch=batch)
-        res = compile_source(render(low.program, low.cuda_options), "sm_90a", use_cache=False,
-                             cuda_options=low.cuda_options)
+        _, res = compile_step(SHAPES[shape], None if fmt == "bf16" else fmt, batch)
     except Exception as e:                       # the row says why; the scan goes on
         return {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", "spills": {}}
     return {"ok": True, "error": None, "spills": spills(res.log)}

@@ -240,11 +240,10 @@ def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: 
 
 
 def _direct_fits(Kd: int, n_tile: int, nseg: int) -> bool:
-    """x (fp32) and op_gemv_direct's / op_gemv_qdirect's sums (one per row and K segment) fit in
-    the work area, also once the tile is paired with another (pair_gemvs); a K past the work
-    area (XS_MAX) runs into the staging area below it (GEMV_X_MAX)."""
-    need = -(-Kd // 4) * 4 + 2 * n_tile * nseg
-    return need <= (XS_MAX if Kd <= XS_MAX else GEMV_X_MAX)
+    """x (fp32) and op_gemv_direct's / op_gemv_qdirect's sums (one per row and K segment) fit
+    below the preload / ring (smem.GEMV_X_MAX: the work area and the staging area), also once
+    the tile is paired with another (pair_gemvs)."""
+    return -(-Kd // 4) * 4 + 2 * n_tile * nseg <= GEMV_X_MAX
 
 
 def _enc_norm(t, op, ins, outs, p) -> Encoded:

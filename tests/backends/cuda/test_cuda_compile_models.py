@@ -74,6 +74,14 @@ def test_a_down_projection_wider_than_the_work_area_compiles(fmt, batch, fn):
     assert_cubin(low)
 
 
+def test_a_k_that_fills_the_work_area_takes_the_direct_gemv_too():
+    """K = XS_MAX exactly: x fills the work area and the sums run past it, as for a larger K
+    (one bound, GEMV_X_MAX); with the work area's bound this tile fell to the generic op_gemv."""
+    from amk.backends.cuda.smem import XS_MAX
+    low = random_model(replace(WIDE_FFN, ffn=XS_MAX), device="meta").lower(backend="cuda")
+    assert _k_variant(low, XS_MAX) == "op_gemv_direct"
+
+
 def test_a_k_past_the_staging_area_is_refused_by_name():
     from amk.errors import CompileError
     cfg = replace(WIDE_FFN, ffn=32768)
