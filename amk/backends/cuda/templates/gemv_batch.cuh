@@ -358,12 +358,10 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   float* sq = part + NMAT * rows16 * MP * CH;              // [windows][MP][per], then rinv [MP]
   float* rinv = sq + (NORM ? (Kd + KW - 1) / KW : 1) * MP * per;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // bf16: aligned as an offset from smem, so the ring is read by LDS (through an integer cast
-  // the compiler lost that it is shared memory and read it by generic 64-bit loads: batch 16
-  // -4%, v47). The quantized variants keep the cast until measured: with LDS, int4's spilled
-  // 8-16 B more (the 1B at batch 16), int8's 8-20 B less (v47, ptxas)
-  char* ring = (QMODE == 0 ? smem + ((((char*)(rinv + MP) - smem) + 15) & ~15)
-                           : (char*)(((unsigned long long)(rinv + MP) + 15) & ~15ULL)) + warp * RD * SB;
+  // aligned as an offset from smem, so the ring is read by LDS (through an integer cast the
+  // compiler lost that it is shared memory and read it by generic 64-bit loads: bf16 batch 16
+  // -4%, v47)
+  char* ring = smem + ((((char*)(rinv + MP) - smem) + 15) & ~15) + warp * RD * SB;
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
