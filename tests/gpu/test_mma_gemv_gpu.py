@@ -118,6 +118,16 @@ def test_a_down_projection_wider_than_the_work_area_matches_reference_vm(fmt, ba
     _step_matches_reference(cfg, batch, fmt, 100, seed=12)
 
 
+@pytest.mark.parametrize("fmt,hidden", [(None, 512), ("int4", 512), (None, 5120)])
+def test_a_down_projection_past_the_staging_area_matches_reference_vm(fmt, hidden):
+    """Llama-3-70B's FFN width (K 28672 > smem.GEMV_X_MAX) at batch 1: op_gemv_mma, the residual
+    add in its epilogue (bf16 weights were refused before). bf16 tiles of 8 rows (hidden 512)
+    take x through the ring (XR); of 40 rows (hidden 5120, as Qwen2.5-32B's) x in windows."""
+    cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192, hidden=hidden, n_heads=hidden // 64,
+                  n_kv_heads=2, ffn=28672)
+    _step_matches_reference(cfg, 1, fmt, 100, seed=14)
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("kv_heads", [2, 4])
 def test_a_combine_of_more_partials_than_it_keeps_in_registers_matches_reference_vm(kv_heads, batch):

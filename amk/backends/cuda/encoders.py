@@ -199,8 +199,10 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
     if not (direct or qdirect or mma is not None) and Kd > GEMV_X_MAX:   # op_gemv stages one row
-        fail(t, f"K={Kd} exceeds the {GEMV_X_MAX} elements of x a GEMV at M={M} stages in shared memory "
-                 f"(batch 1, or weights the tensor-core GEMV cannot take)")
+        fail(t, f"K={Kd} exceeds the {GEMV_X_MAX} elements of x a GEMV at M={M} stages in shared memory, "
+                 f"and the tensor-core GEMV, which takes x in windows, cannot run it (it takes bf16 x with "
+                 f"bf16 weights, or quantized ones in groups of whole k-blocks; K a multiple of 8); "
+                 f"here x is {x.dtype.name}, the weights {w.dtype.name}")
     if qdirect:
         ri, roll = gemv_quant.plan_items(qmode, 1, n_tile, Kd, zeros is not None)
         var = gemv_quant.gemv_qdirect(tx=ftype(t, x.dtype), ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode,
@@ -228,13 +230,15 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
 def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: int,
               row_bytes: int, quant: bool) -> gemv_batch.MmaPlan | None:
     """op_gemv_mma's plan for a GEMV it runs (gemv_batch.py), else None: bf16 x, whole 16-byte
-    weight vectors a row, and quantized weights (any M) or bf16 weights with M > 1."""
+    weight vectors a row, and quantized weights (any M) or bf16 weights with M > 1, or at M = 1
+    with K past GEMV_X_MAX (op_gemv_direct and op_gemv stage all of x; op_gemv_mma takes it in
+    windows: Qwen2.5-32B's, Llama-3-70B's down projections)."""
     vw = gemv_batch.VW[qmode]
     if x.dtype != DType.BF16 or out.dtype not in (DType.F32, DType.F16, DType.BF16):
         return None
     if Kd % vw or Kd % 8 or row_bytes % 16 or w.kind not in (BufferKind.WEIGHT, BufferKind.CONST):
         return None
-    if not (quant or (w.dtype == DType.BF16 and M > 1)):
+    if not (quant or (w.dtype == DType.BF16 and (M > 1 or Kd > GEMV_X_MAX))):
         return None
     return gemv_batch.plan(M, Kd, n_tile, 1, qmode)
 

@@ -2,7 +2,8 @@
 its shared memory is planned.
 
 It runs the batched float GEMVs (bf16 x and weights, M > 1 rows of x: each weight vector is
-read once for all rows of a pass, not once per 4 rows as op_gemv does) and the batched
+read once for all rows of a pass, not once per 4 rows as op_gemv does; at M = 1 only a K past
+smem.GEMV_X_MAX, which op_gemv_direct and op_gemv cannot stage) and the batched
 quantized GEMVs of bf16 x (int8, packed int4, fp8 E4M3; batch 1 takes op_gemv_qdirect,
 gemv_quant.py, where it can): the weights are dequantised in registers as they leave the warp's
 ring in shared memory.

@@ -71,7 +71,8 @@ SMEM_BYTES_V2 = RING_OFF + RING_BYTES
 # below the preload (v1) or the ring (v2), whichever is lower: nothing lands there while a GEMV
 # runs (the attention's and the combine's copies are waited for inside their own tasks; the
 # preload and the ring lie above). So K up to ~21.5 K (Qwen2-7B's down projection, K 18944)
-# runs where the work area alone stops at XS_MAX.
+# runs where the work area alone stops at XS_MAX. Past it, bf16 x takes op_gemv_mma (x in
+# windows, gemv_batch.py).
 GEMV_X_MAX = min(PRE_OFF, RING_OFF) // 4
 assert GEMV_X_MAX > XS_MAX
 

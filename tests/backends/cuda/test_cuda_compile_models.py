@@ -82,11 +82,36 @@ def test_a_k_that_fills_the_work_area_takes_the_direct_gemv_too():
     assert _k_variant(low, XS_MAX) == "op_gemv_direct"
 
 
-def test_a_k_past_the_staging_area_is_refused_by_name():
+# Llama-3-70B's FFN width: the down projection's K (28672) is past smem.GEMV_X_MAX
+WIDER_FFN = replace(WIDE_FFN, ffn=28672, qkv_bias=False, arch="llama")
+
+
+@pytest.mark.parametrize("fmt", [None, "int4"])
+def test_a_down_projection_past_the_staging_area_takes_the_tensor_core_gemv_at_batch_1(fmt):
+    """op_gemv_direct and op_gemv stage all of x; op_gemv_mma takes it in windows, with the
+    residual add (EPI 1). bf16 weights were refused here before."""
+    from amk.backends.cuda.smem import GEMV_X_MAX
+    assert WIDER_FFN.ffn > GEMV_X_MAX
+    m = random_model(WIDER_FFN, device="cpu" if fmt else "meta")
+    if fmt is not None:
+        m.quantize(fmt)
+    low = m.lower(backend="cuda", batch=1)
+    lines = low.stages["cuda_folded"].split("\n")
+    steps = [lines[i - 1] for i, ln in enumerate(lines) if f" K={WIDER_FFN.ffn} " in ln]
+    assert steps and all("op_gemv_mma<" in s for s in steps)
+    # its template's EPI (after TY, TS, TZ, QMODE, NMAT): 1, the residual add folded in
+    assert all(s.split("<", 1)[1].split(", ")[5] == "1" for s in steps)
+    assert_cubin(low)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_k_past_the_staging_area_without_bf16_x_is_refused_by_name(dtype):
+    """The tensor-core GEMV takes bf16 x only: a float32 / float16 model this wide still fails,
+    naming the task, the bound and why."""
     from amk.errors import CompileError
-    cfg = replace(WIDE_FFN, ffn=32768)
-    low = random_model(cfg, device="meta").lower(backend="cuda")
-    with pytest.raises(CompileError, match=r"K=32768 exceeds the 22272 elements of x a GEMV at M=1"):
+    low = random_model(replace(WIDER_FFN, dtype=dtype), device="meta").lower(backend="cuda")
+    with pytest.raises(CompileError, match=r"task \d+ \(add .*K=28672 exceeds the 22272 elements of x a "
+                                           r"GEMV at M=1 .*cannot run it .*here x is F"):
         low.compile_cuda(arch="sm_90a")
 
 
