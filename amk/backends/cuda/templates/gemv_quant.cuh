@@ -78,12 +78,14 @@ __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const
 }
 
 // The FMA path (qfma: int4 items of two rows or more, int8 ones of at most 8 loads a lane): a
-// weight's bits go into the mantissa of 0.5 by one permute, exactly (int4 nibbles at bits 16-19:
-// 0.5 + q / 2^8; int8 bytes + 128 at bits 8-15: 0.5 + u / 2^16; bit 23 is the exponent's), so a
-// weight costs a permute and an FMA: a + sum (0.5 + q / 2^K) x over one word (xa; int4 xa, xb).
-// The offsets come off once a vector (qdot_slot), against x's sum, which the item's rows share.
+// weight's bits go into the mantissa of 0.5 by one permute, exactly, so a weight costs a permute
+// and an FMA: a + sum (0.5 + q / 2^K) x over one word (xa; int4 xa, xb). int8: bytes + 128 at
+// bits 8-15, 0.5 + u / 2^16, into a. int4: the low nibbles (w & 0x0F0F0F0F) at bits 16-19, 0.5 +
+// q / 2^8, into a; the high ones masked in place (w & 0xF0F0F0F0, no shift) at bits 12-15, 0.5 +
+// q / 2^12, into b (bit 23 is the exponent's, so a nibble at bits 20-23 would not do). The
+// offsets come off once a vector (qdot_slot), against x's sums, which the item's rows share.
 template <int QMODE>
-__device__ __forceinline__ float qdot_word_half(float a, unsigned w, const float4& xa, const float4& xb) {
+__device__ __forceinline__ void qdot_word_half(float& a, float& b, unsigned w, const float4& xa, const float4& xb) {
   const unsigned H = qhalf();
   if (QMODE == 1) {
     const unsigned u = w ^ 0x80808080u;                   // signed byte b -> unsigned b + 128
@@ -92,17 +94,16 @@ __device__ __forceinline__ float qdot_word_half(float a, unsigned w, const float
     a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7424)), xa.z, a);
     a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7434)), xa.w, a);
   } else {                                                // byte j: elements 2j (low), 2j + 1
-    const unsigned lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    const unsigned lo = w & 0x0F0F0F0Fu, hi = w & 0xF0F0F0F0u;
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7044)), xa.x, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7044)), xa.y, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7404)), xa.y, b);
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7144)), xa.z, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7144)), xa.w, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7414)), xa.w, b);
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7244)), xb.x, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7244)), xb.y, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7424)), xb.y, b);
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7344)), xb.z, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7344)), xb.w, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7434)), xb.w, b);
   }
-  return a;
 }
 
 // Whether an item of RI rows takes the FMA path: x's sum is shared by two rows or more, and int8
@@ -124,28 +125,40 @@ __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], cons
 #pragma unroll
   for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
   constexpr bool FMA = qfma<QMODE, RI>();
-  float xsum = 0.f, hs[RI];                       // FMA: x's sum over the vector, the rows' sums
+  // FMA: x's sums over the vector (int4: its low- and high-nibble elements apart), the rows' sums
+  float xs0 = 0.f, xs1 = 0.f, hs[RI], hh[RI];
 #pragma unroll
-  for (int i = 0; i < RI; i++) hs[i] = 0.f;
+  for (int i = 0; i < RI; i++) hs[i] = hh[i] = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; j++) {
     const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
     const float4 xa = *(const float4*)xw;
     const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
-    if (FMA) xsum += (xa.x + xa.y) + (xa.z + xa.w) + (QMODE == 2 ? (xb.x + xb.y) + (xb.z + xb.w) : 0.f);
+    if (FMA && QMODE == 2) {
+      xs0 += (xa.x + xa.z) + (xb.x + xb.z);
+      xs1 += (xa.y + xa.w) + (xb.y + xb.w);
+    } else if (FMA) {
+      xs0 += (xa.x + xa.y) + (xa.z + xa.w);
+    }
 #pragma unroll
     for (int i = 0; i < RI; i++) {
       const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
-      if (FMA) hs[i] = qdot_word_half<QMODE>(hs[i], w, xa, xb);
+      if (FMA) qdot_word_half<QMODE>(hs[i], hh[i], w, xa, xb);
       else acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
     }
   }
   if (FMA) {
-    // sum (q - off - zero) x = 2^K hs - (2^(K-1) + off + zero) xsum: C = 2^(K-1) (the 0.5's
-    // share) + off, the exact path's offset (int8 128, int4 8)
-    constexpr float K = QMODE == 1 ? 65536.f : 256.f, C = QMODE == 1 ? 32768.f + 128.f : 128.f + 8.f;
+    // sum (q - off - zero) x = 2^K hs - (2^(K-1) + off + zero) xsum, K = 16 (int8, off 128);
+    // int4 (off 8): 2^8 hs - (2^7 + 8 + zero) xs0 + 2^12 hh - (2^11 + 8 + zero) xs1
 #pragma unroll
-    for (int i = 0; i < RI; i++) acc[i] += sc[i][u] * fmaf(K, hs[i], -(C + zz[i][u]) * xsum);
+    for (int i = 0; i < RI; i++) {
+      if (QMODE == 1) {
+        acc[i] += sc[i][u] * fmaf(65536.f, hs[i], -(32768.f + 128.f + zz[i][u]) * xs0);
+      } else {
+        const float lo = fmaf(256.f, hs[i], -(128.f + 8.f + zz[i][u]) * xs0);
+        acc[i] += sc[i][u] * (lo + fmaf(4096.f, hh[i], -(2048.f + 8.f + zz[i][u]) * xs1));
+      }
+    }
   }
 }
 
