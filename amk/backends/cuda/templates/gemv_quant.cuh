@@ -113,17 +113,19 @@ template <int QMODE, int RI>
 __device__ constexpr bool qfma() { return RI >= 2 && (QMODE == 2 || (QMODE == 1 && RI * QVec<QMODE>::GU <= 8)); }
 
 // Slot u of an item (RI rows x one vector a lane) against x in shared memory, into acc: each
-// vector's words rotated (rot_words), x of a word read once for all the item's rows, the scale
-// on each word's sum (the FMA path: on the vector's, after its offsets). Vectors past the row
-// (v >= nv) add nothing.
-template <int QMODE, bool ZEROS, int RI>
+// vector's words rotated (rot_words; XPAD: x padded instead, xpad_at, and no rotation), x of a
+// word read once for all the item's rows, the scale on each word's sum (the FMA path: on the
+// vector's, after its offsets). Vectors past the row (v >= nv) add nothing.
+template <int QMODE, bool ZEROS, int RI, bool XPAD>
 __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], const float (&sc)[RI][QVec<QMODE>::GU],
                                           const float (&zz)[RI][QVec<QMODE>::GU], float (&acc)[RI], int u,
                                           const float* xs, int v, int nv, int rot, float off0) {
   constexpr int VW = QVec<QMODE>::VW;
   if (v >= nv) return;
+  if (!XPAD) {
 #pragma unroll
-  for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+    for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+  }
   constexpr bool FMA = qfma<QMODE, RI>();
   // FMA: x's sums over the vector (int4: its low- and high-nibble elements apart), the rows' sums
   float xs0 = 0.f, xs1 = 0.f, hs[RI], hh[RI];
@@ -131,7 +133,7 @@ __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], cons
   for (int i = 0; i < RI; i++) hs[i] = hh[i] = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; j++) {
-    const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
+    const float* xw = XPAD ? xs + xpad_at<true>(v * VW) + j * (VW / 4) : xs + v * VW + ((j + rot) & 3) * (VW / 4);
     const float4 xa = *(const float4*)xw;
     const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
     if (FMA && QMODE == 2) {
@@ -205,7 +207,7 @@ __device__ __forceinline__ void qroll_load(uint4 (&wv)[RI][QVec<QMODE>::GU], flo
 // item its dot products slot by slot, each slot refilled with the next item's vector. (qroll2's
 // rewrite of the plain loop's loads, slot-major through a struct, spilled Qwen3-0.6B int8's
 // scheduler: +6%, NOTES v44; the plain loop keeps its row-major loads.)
-template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI>
+template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI, bool XPAD>
 __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, float* part, int nseg, int n_off,
                                             int n_tile, int nv, int ng, int gshift, long long rbytes, int rot,
                                             float off0, int warp, int lane) {
@@ -223,7 +225,7 @@ __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, flo
     for (int i = 0; i < RI; i++) acc[i] = 0.f;
 #pragma unroll
     for (int u = 0; u < GU; u++) {
-      qdot_slot<QMODE, ZEROS, RI>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
+      qdot_slot<QMODE, ZEROS, RI, XPAD>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
       qroll_load<TS, TZ, QMODE, NMAT, ZEROS, RI>(wv, sc, zz, u, P, it + NWARPS, nseg, n_off, n_tile, nv, ng, gshift,
                                                  rbytes, lane);
     }
@@ -244,7 +246,7 @@ __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, flo
 // weight], then the outputs (op_gemv_mma's order). AMK_MARK: op_gemv_direct's points.
 template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI,
           bool ROLL, class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float,
-          int RN = RMS_RN>
+          int RN = RMS_RN, bool XPAD = false>
 __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
   static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS || ROLL ? 8 : 16),
@@ -254,17 +256,18 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   const long long rbytes = d.ip[P_GEMV_LDW];
   const int nv = Kd / VW, nseg = (nv + 32 * GU - 1) / (32 * GU);
   float* xs = (float*)smem;
-  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
+  // NMAT * n_tile * nseg sums after x (XPAD: padded, gemv_quant.x_floats; encoders.py checks the fit)
+  float* part = xs + (XPAD ? ((Kd + 31) >> 5) * 36 : (Kd + 3) & ~3);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rot = QMODE == 2 ? lane & 3 : (lane >> 1) & 3;
+  const int rot = XPAD ? 0 : QMODE == 2 ? lane & 3 : (lane >> 1) & 3;
   const float off0 = QMODE == 1 ? 8388736.0f : (QMODE == 2 ? 8388616.0f : 0.f);
   const float rv = direct_residual<TR, EPI>(d, P, n_off, n_tile);
   AMK_MARK(0);
-  direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
+  direct_x<TX, NORM, NX, NW, RN, XPAD>(d, P, xs, Kd);
   __syncthreads();
   AMK_MARK(1);
   if constexpr (ROLL) {
-    qroll_items<TS, TZ, QMODE, NMAT, ZEROS, RI>(P, xs, part, nseg, n_off, n_tile, nv, ng, gshift, rbytes, rot, off0,
+    qroll_items<TS, TZ, QMODE, NMAT, ZEROS, RI, XPAD>(P, xs, part, nseg, n_off, n_tile, nv, ng, gshift, rbytes, rot, off0,
                                                 warp, lane);
   } else {
     for (int it = warp;; it += NWARPS) {           // items (g, seg) while g has rows: no item count live
@@ -294,7 +297,7 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
       for (int i = 0; i < RI; i++) acc[i] = 0.f;
 #pragma unroll
       for (int u = 0; u < GU; u++)
-        qdot_slot<QMODE, ZEROS, RI>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
+        qdot_slot<QMODE, ZEROS, RI, XPAD>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
       qitem_store<NMAT, RI>(acc, part, g, seg, nseg, n_tile, lane);
       if (it == warp) AMK_MARK(2);
     }
