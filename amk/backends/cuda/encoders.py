@@ -195,7 +195,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
               and _direct_fits(-(-Kd // 4) * 4, n_tile, -(-Kd * w.esize // 4096)))
     gshift = gemv_quant.group_shift(qmode, group, ngroups) if quant else None
     qdirect = (quant and vec and M == 1 and w_ro and gshift is not None
-               and _direct_fits(gemv_quant.x_floats(Kd), n_tile, -(-Kd // gemv_quant.SEGMENT)))
+               and _direct_fits(gemv_quant.x_floats(Kd, qmode), n_tile, -(-Kd // gemv_quant.SEGMENT)))
     mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
     if not (direct or qdirect or mma is not None) and Kd > GEMV_X_MAX:   # op_gemv stages one row

@@ -316,7 +316,7 @@ def norm_into_gemv(f: Fused) -> Fused:
         var = g.variant.with_(norm=True, nx=ftype(None, na[0].dtype), nw=ftype(None, na[1].dtype),
                               rn=-(-n.ip["H"] // nt))     # the row elements a thread holds, no more
         if g.is_fn("op_gemv_qdirect"):   # it stages x: padded, unless later GEMVs read it unpadded
-            var = var.with_(xpad=not (later and later[0][0].ip.get("XS_READY")))
+            var = var.with_(xpad=g.variant.arg("qmode") == 2 and not (later and later[0][0].ip.get("XS_READY")))
         e = Encoded(g.op, var, dict(g.ip, XS_READY=0), dict(g.fp, EPS=n.fp["EPS"]), g.group)
         return e, [na[0]] + ga[1:] + [na[1]], go
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
