@@ -140,7 +140,8 @@ __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], cons
       xs0 += (xa.x + xa.z) + (xb.x + xb.z);
       xs1 += (xa.y + xa.w) + (xb.y + xb.w);
     } else if (FMA) {
-      xs0 += (xa.x + xa.y) + (xa.z + xa.w);
+      xs0 += (xa.x + xa.y) + (xa.z + xa.w) + 0.f;   // + 0.f: the int8 code measured (v48: without it
+                                                    // ptxas schedules the loop anew, unmeasured)
     }
 #pragma unroll
     for (int i = 0; i < RI; i++) {
