@@ -192,10 +192,10 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     has_bias = bias_at > 0
     row_bytes = ldw * w.esize
     direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
-              and _direct_fits(Kd, n_tile, -(-Kd * w.esize // 4096)))
+              and _direct_fits(-(-Kd // 4) * 4, n_tile, -(-Kd * w.esize // 4096)))
     gshift = gemv_quant.group_shift(qmode, group, ngroups) if quant else None
     qdirect = (quant and vec and M == 1 and w_ro and gshift is not None
-               and _direct_fits(Kd, n_tile, -(-Kd // gemv_quant.SEGMENT)))
+               and _direct_fits(gemv_quant.x_floats(Kd, qmode), n_tile, -(-Kd // gemv_quant.SEGMENT)))
     mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
     if not (direct or qdirect or mma is not None) and Kd > GEMV_X_MAX:   # op_gemv stages one row
@@ -243,11 +243,11 @@ def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: 
     return gemv_batch.plan(M, Kd, n_tile, 1, qmode)
 
 
-def _direct_fits(Kd: int, n_tile: int, nseg: int) -> bool:
-    """x (fp32) and op_gemv_direct's / op_gemv_qdirect's sums (one per row and K segment) fit
-    below the preload / ring (smem.GEMV_X_MAX: the work area and the staging area), also once
-    the tile is paired with another (pair_gemvs)."""
-    return -(-Kd // 4) * 4 + 2 * n_tile * nseg <= GEMV_X_MAX
+def _direct_fits(x_floats: int, n_tile: int, nseg: int) -> bool:
+    """x (x_floats fp32) and op_gemv_direct's / op_gemv_qdirect's sums (one per row and K
+    segment) fit below the preload / ring (smem.GEMV_X_MAX: the work area and the staging
+    area), also once the tile is paired with another (pair_gemvs)."""
+    return x_floats + 2 * n_tile * nseg <= GEMV_X_MAX
 
 
 def _enc_norm(t, op, ins, outs, p) -> Encoded:

@@ -50,10 +50,16 @@ def norm_into_smem(f: Fused) -> Fused:
                and steps[j][0].ip["M"] == 1 and steps[j][0].ip["K"] == H
                for j in readers):
             steps[i] = (_with_ip(enc, TO_SMEM=1),) + tuple(steps[i][1:])
-            for j in readers:
-                steps[j] = (_with_ip(steps[j][0], XS_READY=1),) + tuple(steps[j][1:])
+            for j in readers:     # x as the norm writes it: not padded (gemv_quant.gemv_qdirect)
+                steps[j] = (_unpadded(_with_ip(steps[j][0], XS_READY=1)),) + tuple(steps[j][1:])
             zero = [(o, n) for o, n in zero if (REF_SCRATCH, o) != ref]
     return Fused(steps, zero)
+
+
+def _unpadded(e: Encoded) -> Encoded:
+    """An op_gemv_qdirect that reads x another step staged: without the padding (xpad) it
+    would stage itself."""
+    return replace(e, variant=e.variant.with_(xpad=False)) if e.is_fn("op_gemv_qdirect") else e
 
 
 def _fold_windows(steps, n: int, fold):
@@ -309,6 +315,8 @@ def norm_into_gemv(f: Fused) -> Fused:
             return None
         var = g.variant.with_(norm=True, nx=ftype(None, na[0].dtype), nw=ftype(None, na[1].dtype),
                               rn=-(-n.ip["H"] // nt))     # the row elements a thread holds, no more
+        if g.is_fn("op_gemv_qdirect"):   # it stages x: padded, unless later GEMVs read it unpadded
+            var = var.with_(xpad=g.variant.arg("qmode") == 2 and not (later and later[0][0].ip.get("XS_READY")))
         e = Encoded(g.op, var, dict(g.ip, XS_READY=0), dict(g.fp, EPS=n.fp["EPS"]), g.group)
         return e, [na[0]] + ga[1:] + [na[1]], go
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)

@@ -70,10 +70,19 @@ def plan_items(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> tuple
 
 def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, roll, tr="float", to=None,
                  norm=False, nx="float", nw="float", rn=RMS_RN) -> Variant:
-    """op_gemv_qdirect with every template argument, in its order."""
+    """op_gemv_qdirect with every template argument, in its order. xpad (int4): it stages x
+    itself padded (x_floats), so its lanes read x without rotating their weights (folds.py turns
+    it off where another step stages x for it: XS_READY). int8 / fp8 keep the rotation: padded,
+    the 1B's steps measured +0.5 / +0.7% in one round (NOTES v48)."""
     return Variant.of("op_gemv_qdirect", tx=tx, ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi,
                       bias=bias, zeros=zeros, ri=ri, roll=roll, tr=tr, to=to or ty, norm=norm, nx=nx, nw=nw,
-                      rn=rn)
+                      rn=rn, xpad=qmode == 2)
+
+
+def x_floats(K: int, qmode: int) -> int:
+    """The floats of op_gemv_qdirect's x: int4's padded, 4 after every 32 (xpad_at in
+    common.cuh), so consecutive lanes' 16-byte reads of their vectors fall in distinct banks."""
+    return -(-K // 32) * 36 if qmode == 2 else -(-K // 4) * 4
 
 
 def replan(v: Variant, ip: dict, nmat: int) -> Variant:

@@ -125,16 +125,21 @@ __device__ __forceinline__ float block_max(float v) {
   return r;
 }
 
-// xs[0:n) = x[0:n) as fp32: each thread's (up to) 16 loads issued before any store (a GEMV's
-// x staging: one round trip for n <= 16 * NT, not n / NT dependent ones).
-template <class TX>
+// Element i of a padded x staging (PAD: 4 floats after every 32, xpad_at): 16-byte reads of
+// consecutive lanes' vectors (32 or 16 floats each) fall in distinct banks without rotating
+// them (op_gemv_qdirect's XPAD).
+template <bool PAD> __device__ __forceinline__ int xpad_at(int i) { return PAD ? i + ((i >> 5) << 2) : i; }
+
+// xs[0:n) = x[0:n) as fp32 (PAD: at xpad_at): each thread's (up to) 16 loads issued before any
+// store (a GEMV's x staging: one round trip for n <= 16 * NT, not n / NT dependent ones).
+template <class TX, bool PAD = false>
 __device__ __forceinline__ void stage_f32(float* xs, const TX* x, int n) {
   for (int i0 = threadIdx.x; i0 < n; i0 += 16 * NT) {
     float v[16];
 #pragma unroll
     for (int k = 0; k < 16; k++) v[k] = i0 + k * NT < n ? to_f(x[i0 + k * NT]) : 0.f;
 #pragma unroll
-    for (int k = 0; k < 16; k++) if (i0 + k * NT < n) xs[i0 + k * NT] = v[k];
+    for (int k = 0; k < 16; k++) if (i0 + k * NT < n) xs[xpad_at<PAD>(i0 + k * NT)] = v[k];
   }
 }
 

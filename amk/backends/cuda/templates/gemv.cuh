@@ -263,11 +263,12 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 }
 
 // The batch-1 GEMVs' x (op_gemv_direct, op_gemv_qdirect): the RMSNorm of P[0] with weight
-// P[n_in - 1] (NORM), else P[0] as fp32, unless a norm before left it in smem (XS_READY).
-template <class TX, bool NORM, class NX, class NW, int RN>
+// P[n_in - 1] (NORM), else P[0] as fp32, unless a norm before left it in smem (XS_READY, never
+// with PAD: op_gemv_qdirect's XPAD).
+template <class TX, bool NORM, class NX, class NW, int RN, bool PAD = false>
 __device__ __forceinline__ void direct_x(const TaskDesc& d, void* const* P, float* xs, int Kd) {
-  if (NORM) rms_row<NX, NW, TX, RN>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
-  else if (!d.ip[P_GEMV_XS_READY]) stage_f32(xs, (const TX*)P[0], Kd);
+  if (NORM) rms_row<NX, NW, TX, RN, PAD>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
+  else if (!d.ip[P_GEMV_XS_READY]) stage_f32<TX, PAD>(xs, (const TX*)P[0], Kd);
 }
 
 // EPI 1: this thread's residual (the last input), loaded with x, not after the sums (0: loaded

@@ -78,12 +78,14 @@ __device__ __forceinline__ float qdot_word(float a, unsigned w, float off, const
 }
 
 // The FMA path (qfma: int4 items of two rows or more, int8 ones of at most 8 loads a lane): a
-// weight's bits go into the mantissa of 0.5 by one permute, exactly (int4 nibbles at bits 16-19:
-// 0.5 + q / 2^8; int8 bytes + 128 at bits 8-15: 0.5 + u / 2^16; bit 23 is the exponent's), so a
-// weight costs a permute and an FMA: a + sum (0.5 + q / 2^K) x over one word (xa; int4 xa, xb).
-// The offsets come off once a vector (qdot_slot), against x's sum, which the item's rows share.
+// weight's bits go into the mantissa of 0.5 by one permute, exactly, so a weight costs a permute
+// and an FMA: a + sum (0.5 + q / 2^K) x over one word (xa; int4 xa, xb). int8: bytes + 128 at
+// bits 8-15, 0.5 + u / 2^16, into a. int4: the low nibbles (w & 0x0F0F0F0F) at bits 16-19, 0.5 +
+// q / 2^8, into a; the high ones masked in place (w & 0xF0F0F0F0, no shift) at bits 12-15, 0.5 +
+// q / 2^12, into b (bit 23 is the exponent's, so a nibble at bits 20-23 would not do). The
+// offsets come off once a vector (qdot_slot), against x's sums, which the item's rows share.
 template <int QMODE>
-__device__ __forceinline__ float qdot_word_half(float a, unsigned w, const float4& xa, const float4& xb) {
+__device__ __forceinline__ void qdot_word_half(float& a, float& b, unsigned w, const float4& xa, const float4& xb) {
   const unsigned H = qhalf();
   if (QMODE == 1) {
     const unsigned u = w ^ 0x80808080u;                   // signed byte b -> unsigned b + 128
@@ -92,17 +94,16 @@ __device__ __forceinline__ float qdot_word_half(float a, unsigned w, const float
     a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7424)), xa.z, a);
     a = fmaf(__uint_as_float(__byte_perm(u, H, 0x7434)), xa.w, a);
   } else {                                                // byte j: elements 2j (low), 2j + 1
-    const unsigned lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    const unsigned lo = w & 0x0F0F0F0Fu, hi = w & 0xF0F0F0F0u;
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7044)), xa.x, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7044)), xa.y, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7404)), xa.y, b);
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7144)), xa.z, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7144)), xa.w, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7414)), xa.w, b);
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7244)), xb.x, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7244)), xb.y, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7424)), xb.y, b);
     a = fmaf(__uint_as_float(__byte_perm(lo, H, 0x7344)), xb.z, a);
-    a = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7344)), xb.w, a);
+    b = fmaf(__uint_as_float(__byte_perm(hi, H, 0x7434)), xb.w, b);
   }
-  return a;
 }
 
 // Whether an item of RI rows takes the FMA path: x's sum is shared by two rows or more, and int8
@@ -112,40 +113,55 @@ template <int QMODE, int RI>
 __device__ constexpr bool qfma() { return RI >= 2 && (QMODE == 2 || (QMODE == 1 && RI * QVec<QMODE>::GU <= 8)); }
 
 // Slot u of an item (RI rows x one vector a lane) against x in shared memory, into acc: each
-// vector's words rotated (rot_words), x of a word read once for all the item's rows, the scale
-// on each word's sum (the FMA path: on the vector's, after its offsets). Vectors past the row
-// (v >= nv) add nothing.
-template <int QMODE, bool ZEROS, int RI>
+// vector's words rotated (rot_words; XPAD: x padded instead, xpad_at, and no rotation), x of a
+// word read once for all the item's rows, the scale on each word's sum (the FMA path: on the
+// vector's, after its offsets). Vectors past the row (v >= nv) add nothing.
+template <int QMODE, bool ZEROS, int RI, bool XPAD>
 __device__ __forceinline__ void qdot_slot(uint4 (&wv)[RI][QVec<QMODE>::GU], const float (&sc)[RI][QVec<QMODE>::GU],
                                           const float (&zz)[RI][QVec<QMODE>::GU], float (&acc)[RI], int u,
                                           const float* xs, int v, int nv, int rot, float off0) {
   constexpr int VW = QVec<QMODE>::VW;
   if (v >= nv) return;
+  if (!XPAD) {
 #pragma unroll
-  for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+    for (int i = 0; i < RI; i++) wv[i][u] = rot_words(wv[i][u], rot);
+  }
   constexpr bool FMA = qfma<QMODE, RI>();
-  float xsum = 0.f, hs[RI];                       // FMA: x's sum over the vector, the rows' sums
+  // FMA: x's sums over the vector (int4: its low- and high-nibble elements apart), the rows' sums
+  float xs0 = 0.f, xs1 = 0.f, hs[RI], hh[RI];
 #pragma unroll
-  for (int i = 0; i < RI; i++) hs[i] = 0.f;
+  for (int i = 0; i < RI; i++) hs[i] = hh[i] = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; j++) {
-    const float* xw = xs + v * VW + ((j + rot) & 3) * (VW / 4);
+    const float* xw = XPAD ? xs + xpad_at<true>(v * VW) + j * (VW / 4) : xs + v * VW + ((j + rot) & 3) * (VW / 4);
     const float4 xa = *(const float4*)xw;
     const float4 xb = QMODE == 2 ? *(const float4*)(xw + 4) : xa;
-    if (FMA) xsum += (xa.x + xa.y) + (xa.z + xa.w) + (QMODE == 2 ? (xb.x + xb.y) + (xb.z + xb.w) : 0.f);
+    if (FMA && QMODE == 2) {
+      xs0 += (xa.x + xa.z) + (xb.x + xb.z);
+      xs1 += (xa.y + xa.w) + (xb.y + xb.w);
+    } else if (FMA) {
+      xs0 += (xa.x + xa.y) + (xa.z + xa.w) + 0.f;   // + 0.f: the int8 code measured (v48: without it
+                                                    // ptxas schedules the loop anew, unmeasured)
+    }
 #pragma unroll
     for (int i = 0; i < RI; i++) {
       const unsigned w = j == 0 ? wv[i][u].x : j == 1 ? wv[i][u].y : j == 2 ? wv[i][u].z : wv[i][u].w;
-      if (FMA) hs[i] = qdot_word_half<QMODE>(hs[i], w, xa, xb);
+      if (FMA) qdot_word_half<QMODE>(hs[i], hh[i], w, xa, xb);
       else acc[i] += sc[i][u] * qdot_word<QMODE, ZEROS>(0.f, w, off0 + zz[i][u], xa, xb);
     }
   }
   if (FMA) {
-    // sum (q - off - zero) x = 2^K hs - (2^(K-1) + off + zero) xsum: C = 2^(K-1) (the 0.5's
-    // share) + off, the exact path's offset (int8 128, int4 8)
-    constexpr float K = QMODE == 1 ? 65536.f : 256.f, C = QMODE == 1 ? 32768.f + 128.f : 128.f + 8.f;
+    // sum (q - off - zero) x = 2^K hs - (2^(K-1) + off + zero) xsum, K = 16 (int8, off 128);
+    // int4 (off 8): 2^8 hs - (2^7 + 8 + zero) xs0 + 2^12 hh - (2^11 + 8 + zero) xs1
 #pragma unroll
-    for (int i = 0; i < RI; i++) acc[i] += sc[i][u] * fmaf(K, hs[i], -(C + zz[i][u]) * xsum);
+    for (int i = 0; i < RI; i++) {
+      if (QMODE == 1) {
+        acc[i] += sc[i][u] * fmaf(65536.f, hs[i], -(32768.f + 128.f + zz[i][u]) * xs0);
+      } else {
+        const float lo = fmaf(256.f, hs[i], -(128.f + 8.f + zz[i][u]) * xs0);
+        acc[i] += sc[i][u] * (lo + fmaf(4096.f, hh[i], -(2048.f + 8.f + zz[i][u]) * xs1));
+      }
+    }
   }
 }
 
@@ -192,7 +208,7 @@ __device__ __forceinline__ void qroll_load(uint4 (&wv)[RI][QVec<QMODE>::GU], flo
 // item its dot products slot by slot, each slot refilled with the next item's vector. (qroll2's
 // rewrite of the plain loop's loads, slot-major through a struct, spilled Qwen3-0.6B int8's
 // scheduler: +6%, NOTES v44; the plain loop keeps its row-major loads.)
-template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI>
+template <class TS, class TZ, int QMODE, int NMAT, bool ZEROS, int RI, bool XPAD>
 __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, float* part, int nseg, int n_off,
                                             int n_tile, int nv, int ng, int gshift, long long rbytes, int rot,
                                             float off0, int warp, int lane) {
@@ -210,7 +226,7 @@ __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, flo
     for (int i = 0; i < RI; i++) acc[i] = 0.f;
 #pragma unroll
     for (int u = 0; u < GU; u++) {
-      qdot_slot<QMODE, ZEROS, RI>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
+      qdot_slot<QMODE, ZEROS, RI, XPAD>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
       qroll_load<TS, TZ, QMODE, NMAT, ZEROS, RI>(wv, sc, zz, u, P, it + NWARPS, nseg, n_off, n_tile, nv, ng, gshift,
                                                  rbytes, lane);
     }
@@ -231,7 +247,7 @@ __device__ __forceinline__ void qroll_items(void* const* P, const float* xs, flo
 // weight], then the outputs (op_gemv_mma's order). AMK_MARK: op_gemv_direct's points.
 template <class TX, class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int RI,
           bool ROLL, class TR = float, class TO = TY, bool NORM = false, class NX = float, class NW = float,
-          int RN = RMS_RN>
+          int RN = RMS_RN, bool XPAD = false>
 __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   constexpr int VW = QVec<QMODE>::VW, GU = QVec<QMODE>::GU, RPM = RI / NMAT;
   static_assert(RI % NMAT == 0 && RI * GU <= (ZEROS || ROLL ? 8 : 16),
@@ -241,17 +257,18 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
   const long long rbytes = d.ip[P_GEMV_LDW];
   const int nv = Kd / VW, nseg = (nv + 32 * GU - 1) / (32 * GU);
   float* xs = (float*)smem;
-  float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
+  // NMAT * n_tile * nseg sums after x (XPAD: padded, gemv_quant.x_floats; encoders.py checks the fit)
+  float* part = xs + (XPAD ? ((Kd + 31) >> 5) * 36 : (Kd + 3) & ~3);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rot = QMODE == 2 ? lane & 3 : (lane >> 1) & 3;
+  const int rot = XPAD ? 0 : QMODE == 2 ? lane & 3 : (lane >> 1) & 3;
   const float off0 = QMODE == 1 ? 8388736.0f : (QMODE == 2 ? 8388616.0f : 0.f);
   const float rv = direct_residual<TR, EPI>(d, P, n_off, n_tile);
   AMK_MARK(0);
-  direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
+  direct_x<TX, NORM, NX, NW, RN, XPAD>(d, P, xs, Kd);
   __syncthreads();
   AMK_MARK(1);
   if constexpr (ROLL) {
-    qroll_items<TS, TZ, QMODE, NMAT, ZEROS, RI>(P, xs, part, nseg, n_off, n_tile, nv, ng, gshift, rbytes, rot, off0,
+    qroll_items<TS, TZ, QMODE, NMAT, ZEROS, RI, XPAD>(P, xs, part, nseg, n_off, n_tile, nv, ng, gshift, rbytes, rot, off0,
                                                 warp, lane);
   } else {
     for (int it = warp;; it += NWARPS) {           // items (g, seg) while g has rows: no item count live
@@ -281,7 +298,7 @@ __device__ __noinline__ void op_gemv_qdirect(AMK_PARAMS) {
       for (int i = 0; i < RI; i++) acc[i] = 0.f;
 #pragma unroll
       for (int u = 0; u < GU; u++)
-        qdot_slot<QMODE, ZEROS, RI>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
+        qdot_slot<QMODE, ZEROS, RI, XPAD>(wv, sc, zz, acc, u, xs, seg * 32 * GU + u * 32 + lane, nv, rot, off0);
       qitem_store<NMAT, RI>(acc, part, g, seg, nseg, n_tile, lane);
       if (it == warp) AMK_MARK(2);
     }

@@ -41,10 +41,11 @@ __device__ __noinline__ void op_allreduce(AMK_PARAMS) {
 }
 
 // One row of H <= RMS_RN * NT elements, x and w in registers (one round trip, not three):
-// out = round_TY((x * rsqrt(mean(x^2) + eps)) * w), to xs (fp32) when xs, else to y. Also the
-// norm op_gemv_direct runs itself (NORM, folds.norm_into_gemv): the same bits either way.
+// out = round_TY((x * rsqrt(mean(x^2) + eps)) * w), to xs (fp32; PAD: at xpad_at) when xs,
+// else to y. Also the norm op_gemv_direct runs itself (NORM, folds.norm_into_gemv): the same
+// bits either way.
 constexpr int RMS_RN = AMK_RMS_RN;     // steps.RMS_RN: folds.norm_into_gemv folds rows this fits
-template <class TX, class TW, class TY, int RN = RMS_RN>
+template <class TX, class TW, class TY, int RN = RMS_RN, bool PAD = false>
 __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float eps, float* xs, TY* y) {
   float xv[RN], wv[RN], ss = 0.f;
 #pragma unroll
@@ -62,7 +63,7 @@ __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float 
     const int i = threadIdx.x + k * NT;
     if (i < H) {
       const TY o = from_f<TY>((xv[k] * rs) * wv[k]);
-      if (xs) xs[i] = to_f(o); else y[i] = o;
+      if (xs) xs[xpad_at<PAD>(i)] = to_f(o); else y[i] = o;
     }
   }
 }
