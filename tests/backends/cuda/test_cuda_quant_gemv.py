@@ -87,6 +87,29 @@ def test_a_quantized_batch1_step_folds_as_the_float_step_does(fmt, group):
     assert not any(v.fn in ("op_gemv_mma", "op_gemv") for v in low.variants)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+def test_int4_gemvs_that_stage_x_pad_it_and_the_ones_reading_a_staged_x_do_not(fmt):
+    """xpad (gemv_quant.gemv_qdirect): an int4 op_gemv_qdirect that stages x itself (its norm,
+    or x from global memory: down) writes it padded and reads it without rotating its weights;
+    one reading x a combine left in shared memory (the o tile, XS_READY) reads it as written;
+    int8 / fp8 never pad. Every padded x and its sums fit below the preload."""
+    from amk.backends.cuda.lower import fold_program
+    from amk.backends.cuda.smem import GEMV_X_MAX
+    prog, _ = _one_layer(fmt)
+    seen = set()
+    for ft in fold_program(prog).tasks:
+        for e, *_ in ft.steps:
+            if e.is_fn("op_gemv_qdirect"):
+                ready = bool(e.ip.get("XS_READY"))
+                assert e.variant.arg("xpad") == (fmt == "int4" and not ready), (call_text(e.variant), e.ip)
+                seen.add((ready, e.variant.arg("norm")))
+                if e.variant.arg("xpad"):
+                    nseg = -(-e.ip["K"] // gemv_quant.SEGMENT)
+                    assert gemv_quant.x_floats(e.ip["K"], 2) + 2 * e.ip["N_TILE"] * nseg <= GEMV_X_MAX
+    assert seen == {(True, False), (False, True), (False, False)}       # o; q/k/v, gate/up, head; down
+    assert gemv_quant.x_floats(2048, 2) == 2048 + 64 * 4 and gemv_quant.x_floats(2048, 1) == 2048
+
+
 def _spill_lines(prog) -> dict[str, str]:
     log = compile_source(render(prog), "sm_90a").log
     return {n: line for n, line in re.findall(r"Function properties for (\S+)\n(.*)\n", log)}
