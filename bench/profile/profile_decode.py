@@ -36,15 +36,20 @@ from bench.preset_step import cuda_step  # noqa: E402
 _LAYER = re.compile(r"(?:layers|kv)\.(\d+)\.")
 
 
+_QUANT_PARTS = ("q", "scales", "zeros")   # a quantized weight's buffers: <matrix>.q, .scales, ...
+
+
 def task_kind(task, bufs) -> str:
-    """A short name: the 2-D weight it streams (wq, w_gate, lm_head...) or its op(s)."""
+    """A short name: the 2-D weight it streams (wq, w_gate, lm_head...; a quantized one by its
+    matrix, not its .q buffer) or its op(s)."""
     ops = ([s.op.name for s in recipe_of(task).steps]
            if task.op is K.FUSED else [task.op.name])
     for b in task.inputs:
         buf = bufs[b]
         if buf.kind is BufferKind.WEIGHT and len(buf.shape) == 2:
-            return buf.name.split(".")[-1] + ("+" + "+".join(o for o in ops if o != "GEMV_TILE")
-                                              if len(ops) > 1 else "")
+            parts = buf.name.split(".")
+            name = parts[-2] if parts[-1] in _QUANT_PARTS and len(parts) > 1 else parts[-1]
+            return name + ("+" + "+".join(o for o in ops if o != "GEMV_TILE") if len(ops) > 1 else "")
     if "ATTENTION_TILE" in ops:
         return "attention"
     return "+".join(ops).lower()

@@ -32,3 +32,14 @@ def test_a_batch_16_down_tile_reads_as_much_x_as_weights(tmp_path):
 def test_a_bad_batch_is_refused(tmp_path):
     r, rep = run(tmp_path, "--batch", "0")
     assert r.returncode == 2 and "--batch must be >= 1" in r.stderr and rep is None
+
+
+def test_quantized_tiles_are_named_by_their_matrix_and_read_a_quarter_of_the_bytes(tmp_path):
+    r, rep = run(tmp_path, "--model", "tiny-llama", "--batch", "1", "--quant", "int4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    _, bf = run(tmp_path, "--model", "tiny-llama", "--batch", "1", "--layers", "2")
+    q = {row["kind"].split("+")[0]: row for row in rep[0]["rows"]}
+    b = {row["kind"].split("+")[0]: row for row in bf[0]["rows"]}
+    assert {"wq", "w_down", "lm_head"} <= set(q) and set(q) == set(b)
+    # down's K is 128, one group: half a byte a weight and an fp32 scale a row, against fp32's 4
+    assert q["w_down"]["weight_kb"] / b["w_down"]["weight_kb"] == (0.5 + 4 / 128) / 4
