@@ -50,16 +50,10 @@ def norm_into_smem(f: Fused) -> Fused:
                and steps[j][0].ip["M"] == 1 and steps[j][0].ip["K"] == H
                for j in readers):
             steps[i] = (_with_ip(enc, TO_SMEM=1),) + tuple(steps[i][1:])
-            for j in readers:     # x as the norm writes it: not padded (gemv_quant.gemv_qdirect)
-                steps[j] = (_unpadded(_with_ip(steps[j][0], XS_READY=1)),) + tuple(steps[j][1:])
+            for j in readers:
+                steps[j] = (_with_ip(steps[j][0], XS_READY=1),) + tuple(steps[j][1:])
             zero = [(o, n) for o, n in zero if (REF_SCRATCH, o) != ref]
     return Fused(steps, zero)
-
-
-def _unpadded(e: Encoded) -> Encoded:
-    """An op_gemv_qdirect that reads x another step staged: without the padding (xpad) it
-    would stage itself."""
-    return replace(e, variant=e.variant.with_(xpad=False)) if e.is_fn("op_gemv_qdirect") else e
 
 
 def _fold_windows(steps, n: int, fold):
@@ -315,8 +309,6 @@ def norm_into_gemv(f: Fused) -> Fused:
             return None
         var = g.variant.with_(norm=True, nx=ftype(None, na[0].dtype), nw=ftype(None, na[1].dtype),
                               rn=-(-n.ip["H"] // nt))     # the row elements a thread holds, no more
-        if g.is_fn("op_gemv_qdirect"):   # it stages x: padded, unless later GEMVs read it unpadded
-            var = var.with_(xpad=g.variant.arg("qmode") == 2 and not (later and later[0][0].ip.get("XS_READY")))
         e = Encoded(g.op, var, dict(g.ip, XS_READY=0), dict(g.fp, EPS=n.fp["EPS"]), g.group)
         return e, [na[0]] + ga[1:] + [na[1]], go
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
@@ -347,6 +339,18 @@ def norm_into_mma(f: Fused) -> Fused:
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
 
 
+def unpad_shared_x(f: Fused) -> Fused:
+    """op_gemv_qdirect stages its x padded (xpad: int4, gemv_quant.gemv_qdirect) only where x is
+    its own: one reading x another step staged (XS_READY), or staging it for the GEMVs after it
+    (they read it as staged), keeps the plain layout. Last of FOLDS: XS_READY is final then."""
+    steps = list(f.steps)
+    for i, (e, a, o) in enumerate(steps):
+        shared = e.ip.get("XS_READY") or (i + 1 < len(steps) and steps[i + 1][0].ip.get("XS_READY"))
+        if e.is_fn("op_gemv_qdirect") and e.variant.arg("xpad") and shared:
+            steps[i] = (replace(e, variant=e.variant.with_(xpad=False)), a, o)
+    return Fused(steps, f.zero)
+
+
 def _mma(e: Encoded) -> Variant | None:
     return e.variant if e.is_fn("op_gemv_mma") else None
 
@@ -366,7 +370,8 @@ def _direct(e: Encoded) -> Variant | None:
 
 
 # In this order: the scratch analyses (norm_into_smem) look at single-output steps as the
-# recipe wrote them; the rope folds before the GEMV folds; norm_into_gemv after fold_add.
+# recipe wrote them; the rope folds before the GEMV folds; norm_into_gemv after fold_add;
+# unpad_shared_x once XS_READY is final.
 FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
     ("norm_into_smem", norm_into_smem),
     ("k_rope_into_attention", k_rope_into_attention),
@@ -377,6 +382,7 @@ FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
     ("fold_add", fold_add),
     ("norm_into_gemv", norm_into_gemv),
     ("norm_into_mma", norm_into_mma),
+    ("unpad_shared_x", unpad_shared_x),
 ]
 
 

@@ -71,8 +71,8 @@ def plan_items(qmode: int, nmat: int, n_tile: int, K: int, zeros: bool) -> tuple
 def gemv_qdirect(*, tx, ty, ts, tz, qmode, nmat, epi, bias, zeros, ri, roll, tr="float", to=None,
                  norm=False, nx="float", nw="float", rn=RMS_RN) -> Variant:
     """op_gemv_qdirect with every template argument, in its order. xpad (int4): it stages x
-    itself padded (x_floats), so its lanes read x without rotating their weights (folds.py turns
-    it off where another step stages x for it: XS_READY). int8 / fp8 keep the rotation: padded,
+    itself padded (x_floats), so its lanes read x without rotating their weights
+    (folds.unpad_shared_x turns it off where x is shared with another step: XS_READY). int8 / fp8 keep the rotation: padded,
     the 1B's steps measured +0.5 / +0.7% in one round (NOTES v48)."""
     return Variant.of("op_gemv_qdirect", tx=tx, ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi,
                       bias=bias, zeros=zeros, ri=ri, roll=roll, tr=tr, to=to or ty, norm=norm, nx=nx, nw=nw,

@@ -110,6 +110,21 @@ def test_int4_gemvs_that_stage_x_pad_it_and_the_ones_reading_a_staged_x_do_not(f
     assert gemv_quant.x_floats(2048, 2) == 2048 + 64 * 4 and gemv_quant.x_floats(2048, 1) == 2048
 
 
+def test_an_int4_gemv_whose_x_a_later_gemv_reads_stages_it_unpadded():
+    """folds.unpad_shared_x: a GEMV that stages x for the GEMVs after it (they read it as
+    staged, XS_READY) and those readers keep the plain layout; a GEMV whose x is its own pads."""
+    from amk.backends.cuda.folds import unpad_shared_x
+    from amk.backends.cuda.steps import Encoded, Fused
+
+    def step(ready):
+        v = gemv_quant.gemv_qdirect(tx="bf16", ty="bf16", ts="bf16", tz="bf16", qmode=2, nmat=1, epi=0,
+                                    bias=False, zeros=False, ri=2, roll=False, norm=not ready)
+        return (Encoded(int(K.GEMV_TILE), v, {"XS_READY": int(ready)}), [], [])
+
+    out = unpad_shared_x(Fused([step(False), step(True), step(True), step(False)], []))
+    assert [e.variant.arg("xpad") for e, *_ in out.steps] == [False, False, False, True]
+
+
 def _spill_lines(prog) -> dict[str, str]:
     log = compile_source(render(prog), "sm_90a").log
     return {n: line for n, line in re.findall(r"Function properties for (\S+)\n(.*)\n", log)}

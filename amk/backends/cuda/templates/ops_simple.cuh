@@ -454,9 +454,10 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
     const int b = i0 / (hc * hd), r = i0 - b * hc * hd, h = h0 + r / hd, dd = r % hd;
     const long long base = ((long long)b * nh + h) * (hd + 2);
     const int np = d.ip[P_COMB_POS_SEQ] ? comb_live(d, P, NPC, b) : np0;
+    const auto part = [&](int p) { return (const TP*)P[p] + base; };
     float L, acc[4];
-    if (V == 4) comb_merge<TP, NPC, 4>([&](int p) { return (const TP*)P[p] + base; }, np, hd, dd, L, acc);
-    else comb_merge<TP, NPC, 1>([&](int p) { return (const TP*)P[p] + base; }, np, hd, dd, L, acc);
+    if (V == 4) comb_merge<TP, NPC, 4>(part, np, hd, dd, L, acc);
+    else comb_merge<TP, NPC, 1>(part, np, hd, dd, L, acc);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       if (k >= V) break;
