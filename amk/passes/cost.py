@@ -45,14 +45,15 @@ def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: M
         n = w.shape[0]
         frac = min(1.0, int(params.get("N_tile", n)) / max(n, 1))
         k = int(params.get("K", w.shape[-1]))
-        nb = sum(nbytes(b) for b in ins[1:] if b is not None) * frac
+        kf = min(1.0, int(params.get("K_tile", k)) / max(k, 1))     # a K slice's share of K
+        nb = sum(nbytes(b) for b in ins[1:] if b is not None) * frac * kf
         x = ins[0]
         m = (x.numel // max(k, 1)) if x is not None else 1
         if x is not None:
-            nb += nbytes(x)
+            nb += nbytes(x) * kf
         if out is not None:
             nb += nbytes(out) * frac
-        return Cost(nb, 2.0 * m * k * n * frac)
+        return Cost(nb, 2.0 * m * k * n * frac * kf)
     if op is K.ATTENTION_TILE and len(ins) >= 3 and ins[1] is not None:
         kc = ins[1]
         hd = int(params.get("head_dim", kc.shape[-1]))

@@ -48,7 +48,7 @@ TARGETS = {t.name: t for t in (H200, H100, CPU, LAUNCH)}
 DEFAULT_FUSE_RULES: tuple[tuple[str, str], ...] = (
     ("RMSNORM", "GEMV_TILE"), ("RMSNORM", "GEMM_TILE"),
     ("LAYERNORM", "GEMV_TILE"), ("LAYERNORM", "GEMM_TILE"),
-    ("GEMV_TILE", "ADD"), ("GEMM_TILE", "ADD"),
+    ("GEMV_TILE", "ADD"), ("GEMM_TILE", "ADD"), ("SUM", "ADD"),
     ("GEMV_TILE", "SILU_MUL"), ("GEMM_TILE", "SILU_MUL"),
     ("GEMV_TILE", "ROPE"), ("GEMM_TILE", "ROPE"),
     ("GEMV_TILE", "KV_APPEND"), ("GEMM_TILE", "KV_APPEND"),
@@ -68,6 +68,8 @@ COMBINE_INTO_GEMV: tuple[tuple[str, str], ...] = (
 class PassOptions:
     target: Target = H200
     tile_n: int | None = None         # GEMV/GEMM output columns per tile; None = from target
+    k_split: int | None = None        # K slices of a batched GEMV (tile.split_k); None = from
+    #                                   the target's bytes, 1 = never
     attn_splits: int | None = None    # split-KV shards P per head group; None = from target
     kv_shard_min: int = 128           # derived P never makes shards shorter than this
     combine_per_group: bool = True    # split_kv: one ATTENTION_COMBINE per kv group (else one)

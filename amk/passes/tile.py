@@ -17,6 +17,13 @@ and whose operands all have the output's shape, get the same tiles: that lets `f
 into the producing tile. A ROPE whose output is an attention's q is tiled per kv-head group (so
 each split-KV task can recompute just its heads' rope).
 
+A batched GEMV whose x is large next to its weights (down at batch 16: 256 KB of x for 256 KB
+of weights a tile, every tile reading all of x) is split over K as well (split_k): R row tiles
+x C K slices, each writing fp32 partial sums of its rows to one of C partial buffers, then a SUM
+a row tile adds the C partials in order (into which `fuse` folds the residual ADD). Each tile
+then reads 1 / C of x. Not where x comes from a norm (the norm needs whole rows) or the GEMV
+has a bias.
+
 A `whole_ops` target (the triton backend: one launch per task, its grid spreads the op) gets
 no tiles at all: splitting an op there only adds launches.
 """
@@ -25,7 +32,8 @@ from __future__ import annotations
 from amk.passes.options import PassOptions
 from amk.gcpause import without_gc
 from amk.passes.sync import rethreshold
-from amk.program.ir import InstructionKind as K, Program, Task, new_task
+from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task, Wait,
+                            new_task)
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)
 ELEMENTWISE = (K.ADD, K.SILU_MUL, K.MUL, K.GELU, K.COPY)
@@ -74,6 +82,52 @@ def _stage_cols(program: Program) -> dict[int, int]:
     return out
 
 
+NORMS = (K.RMSNORM, K.LAYERNORM)
+SPLIT_K_ALIGN = 256               # a K slice's columns: whole segments of every GEMV kernel
+
+
+def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> int:
+    """K slices for a GEMV tiled w columns wide: the most (at most 4) whose x bytes saved a tile
+    (x is read by every tile) beat the partials' traffic and the SUM's hand-off (two task
+    overheads at one SM's share of the bandwidth); 1: no split. opts.k_split forces a count
+    where the split is legal."""
+    x, wt = bufs[task.inputs[0]], bufs[task.inputs[1]]
+    k = int(task.params.get("K", x.cols))
+    m = x.numel // max(k, 1)
+    group = int(task.params.get("group", 0)) if task.params.get("qdtype") else 0
+    legal = (m >= 2 and writer not in NORMS and not task.params.get("bias")
+             and not (int(task.params.get("qdtype", 0)) == 0 and len(task.inputs) > 2)
+             and len(wt.shape) == 2 and "k_off" not in task.params)
+    align = max(SPLIT_K_ALIGN, 2 * group)
+    cs = [c for c in (4, 2) if legal and k % (c * align) == 0]
+    if opts.k_split is not None:
+        return int(opts.k_split) if int(opts.k_split) in cs else 1
+    t = opts.target
+    hand_off = 2 * t.task_overhead_ns * 1e-9 * t.mem_bw / max(t.num_sms, 1)
+    xb = x.numel * x.dtype.itemsize
+    for c in cs:
+        partials = 2 * c * m * min(w * c, wt.shape[0]) * 4          # written, then read
+        if xb * (1 - 1 / c) - partials > hand_off:
+            return c
+    return 1
+
+
+def _split_k_tiles(task: Task, grid: list[tuple[int, int]], c: int, parts: list[Buffer],
+                   y: int, counter: int) -> list[Task]:
+    """R x C K-slice tiles (each into partial buffer kc), then R SUM tasks into y (counter)."""
+    k = int(task.params.get("K", 0))
+    kt = k // c
+    n = len(grid)
+    out = [new_task(task.id, task.op, task.inputs, (parts[kc].id,),
+                    {**task.params, "n_off": lo, "N_tile": w, "k_off": kc * kt, "K_tile": kt},
+                    task.waits, task.out_counter, f"{task.name}[tile {i}/{n}, k {kc}/{c}]")
+           for i, (lo, w) in enumerate(grid) for kc in range(c)]
+    out += [new_task(task.id, K.SUM, tuple(p.id for p in parts), (y,), {"n_off": lo, "N_tile": w},
+                     (Wait(task.out_counter, 0),), counter, f"{task.name}[sum {i}/{n}]")
+            for i, (lo, w) in enumerate(grid)]
+    return out
+
+
 def _untiled(task: Task, n: int) -> bool:
     p = task.params
     return int(p.get("n_off", 0)) == 0 and int(p.get("N_tile", n)) == n
@@ -101,23 +155,46 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
 
     stage = _stage_cols(program)
     grid_of: dict[int, list[tuple[int, int]]] = {}   # buffer -> the column tiles that write it
+    writer: dict[int, K] = {}                        # buffer -> the op that last wrote it
+    added: list[Buffer] = []                         # split_k's partial buffers
+    summed: dict[int, int] = {}                      # a split GEMV's counter -> its SUMs'
+    sums: set[int] = set()                           # the outputs of split GEMVs
+    gemv_out: set[int] = set()                       # the outputs of GEMVs
+    next_counter = max((t.out_counter for t in program.tasks), default=0) + 1
     out: list[Task] = []
     for t in program.tasks:
         new = [t]
         if t.op in GEMV and t.outputs:
             y = bufs[t.outputs[0]]
             n = y.cols
+            gemv_out.add(y.id)
             if _untiled(t, n):
                 row_bytes = sum(bufs[b].nbytes for b in t.inputs[1:]) / max(n, 1)
                 w = gemv_tile_cols(n, row_bytes, opts, stage.get(t.id))
+                c = split_k(t, bufs, w, writer.get(t.inputs[0]), opts) if t.inputs else 1
+                w = min(n, w * c)
                 grid = [(lo, min(w, n - lo)) for lo in range(0, n, w)]
-                if len(grid) > 1:
+                if c > 1:
+                    first = len(bufs) + len(added)
+                    parts = [Buffer(first + i, f"{y.name}.k{i}", BufferKind.ACTIVATION, DType.F32,
+                                    y.shape) for i in range(c)]
+                    added += parts
+                    summed[t.out_counter] = next_counter
+                    sums.add(y.id)
+                    new = _split_k_tiles(t, grid, c, parts, y.id, next_counter)
+                    next_counter += 1
+                    grid_of[y.id] = grid
+                elif len(grid) > 1:
                     new = _split(t, grid)
                     grid_of[y.id] = grid
         elif t.op in ELEMENTWISE and t.outputs and "n_off" not in t.params:
             y = bufs[t.outputs[0]]
             same = all(bufs[b].shape == y.shape for b in t.inputs)
-            grid = next((grid_of[b] for b in t.inputs if b in grid_of), None)
+            # a GEMV's grid first (a split GEMV's SUM grid before any): `fuse` folds the op
+            # into the tiles that write its input
+            grid = next((grid_of[b] for b in sorted(t.inputs, key=lambda b: (b not in sums,
+                                                                              b not in gemv_out))
+                         if b in grid_of), None)
             if same and grid:
                 new = _split(t, grid)
                 grid_of[y.id] = grid
@@ -130,7 +207,14 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
                 w = hd * (nh // nkv)
                 new = _split(t, [(lo, w) for lo in range(0, y.cols, w)])
         out.extend(new)
+        for task in new:
+            writer.update((b, task.op) for b in task.outputs)
     if len(out) == len(program.tasks):
         return program
+    if summed:          # a split GEMV's readers wait for its SUMs, which wait for its tiles
+        out = [t if t.op is K.SUM or not any(w.counter in summed for w in t.waits) else
+               t.with_(waits=tuple(Wait(summed.get(w.counter, w.counter), w.threshold)
+                                   for w in t.waits))
+               for t in out]
     # each tile keeps its op's waits and counter: only thresholds change (= tile counts)
-    return rethreshold(program.with_(tasks=tuple(out), queues=()))
+    return rethreshold(program.with_(tasks=tuple(out), queues=(), buffers=bufs + tuple(added)))

@@ -49,6 +49,7 @@ class InstructionKind(enum.IntEnum):
     ALLREDUCE_SHARD = 18
     FUSED = 19
     SOFTCAP = 20        # y = cap * tanh(x / cap); cap = 1 is tanh (Gemma 2's soft-capping)
+    SUM = 21            # y = x_0 + x_1 + ... in fp32, in input order (a K-split GEMV's partials)
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,13 @@ def _gemv(c: _Ctx) -> None:
               f"{int(DType.F8E4M3)} (F8E4M3)")
     c.dtype(x, FLOATS, "x")
     c.dtype(out, FLOATS, "output")
+    if "k_off" in c.p or "K_tile" in c.p:         # one K slice of a split GEMV (ext)
+        k_off = c.int_("k_off", 0, lo=0)
+        k_tile = c.int_("K_tile", K_ - k_off, lo=1)
+        if k_off + k_tile > K_:
+            c.bad(f"K slice k_off={k_off} + K_tile={k_tile} exceeds K={K_}")
+        if c.p.get("bias") or (qdtype == 0 and len(c.ins) == 3):
+            c.bad("a K slice takes no bias (its partial sums are added by a SUM)")
     if x.cols != K_:
         c.bad(f"x {_b(x)} has {x.cols} columns, K={K_}")
     if out.cols != N:
@@ -302,6 +309,11 @@ def _elementwise(c: _Ctx) -> None:
     c.tile()
 
 
+def _sum(c: _Ctx) -> None:
+    _same_numel(c, *range(len(c.ins)))
+    c.tile()
+
+
 def _norm(c: _Ctx) -> None:
     x, w = c.ins[0], c.ins[1]
     H = w.numel
@@ -410,6 +422,7 @@ OPCODES: dict[K, tuple[tuple[int, int], tuple[int, int], Callable[[_Ctx], None]]
     K.ADD: ((2, 2), (1, 1), _elementwise),
     K.MUL: ((1, 2), (1, 1), _elementwise),
     K.SOFTCAP: ((1, 1), (1, 1), _elementwise),
+    K.SUM: ((1, ANY), (1, 1), _sum),
     K.DEQUANT: ((2, 3), (1, 1), _dequant),
     K.SOFTMAX: ((1, 1), (1, 1), _all_same),
     K.KV_APPEND: ((2, 2), (1, 1), _kv_append),

@@ -60,7 +60,7 @@ _TILED_INPUTS: dict[K, tuple[int, ...]] = {
     K.COPY: (0,), K.ROPE: (0,), K.SILU_MUL: (0, 1), K.GELU: (0,), K.ADD: (0, 1), K.MUL: (0, 1),
     K.SOFTCAP: (0,),
 }
-_GEMV = (K.GEMV_TILE, K.GEMM_TILE)        # read x and weights whole, write the tile's columns
+_GEMV = (K.GEMV_TILE, K.GEMM_TILE)        # read x (its K slice) and weights whole, write the tile's columns
 _ATTENTION = (K.ATTENTION_TILE, K.ATTENTION_COMBINE)
 PARTIAL_WRITE = 2                         # ATTENTION_TILE flags bit: out holds [acc | m | l] rows
 NEW_KV = 4                                # ATTENTION_TILE flags bit: row pos from inputs 4, 5
@@ -155,6 +155,13 @@ def _tile_range(params: Mapping[str, Any], out_width: int | None) -> tuple[int, 
     return (lo, out_width) if out_width is not None else None
 
 
+def k_range(params: Mapping[str, Any], k: int) -> tuple[int, int]:
+    """The K columns [lo, hi) of x and W a GEMV tile multiplies: all k, or one slice of a
+    split GEMV (ext: k_off / K_tile, tile.py; its partial sums go to a SUM)."""
+    lo = int(params.get("k_off", 0))
+    return lo, lo + int(params.get("K_tile", k - lo))
+
+
 def _head_cols(params: Mapping[str, Any], row: int) -> tuple[int, int] | None:
     """Columns of heads [h_off, h_off+h_count) in a flat buffer of `row` columns per head."""
     if "h_off" not in params:
@@ -198,8 +205,9 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
     reads: list[Region] = []
     writes: list[Region] = []
     if op in _GEMV:
-        for b in ins:
-            reads += _whole(b, width)
+        for i, b in enumerate(ins):        # a K slice reads only its columns of x
+            reads += _cols(b, *k_range(params, width(b)), width) if i == 0 and "k_off" in params \
+                else _whole(b, width)
         tile = _tile_range(params, out_width)
         for o in outs:
             writes += _cols(o, *tile, width) if tile else _whole(o, width)
@@ -235,9 +243,9 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
         reads += _cols(ins[0], x_off, x_off + hi - lo, width)
         for o in outs:
             writes += _cols(o, lo, hi, width)
-    elif op in _TILED_INPUTS:
+    elif op in _TILED_INPUTS or op is K.SUM:
         tile = _tile_range(params, out_width)
-        tiled = _TILED_INPUTS[op]
+        tiled = _TILED_INPUTS.get(op, range(len(ins)))      # SUM: every input
         for i, b in enumerate(ins):
             if b is None:
                 continue

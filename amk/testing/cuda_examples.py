@@ -112,6 +112,9 @@ def cases() -> list[Case]:
                      {}, {"x": _rand((4, 33), tf, 2)}))
     C.append(_single("allreduce3", K.ALLREDUCE_SHARD, [(f"s{i}", BK.IO_INPUT, bf, (1, 96)) for i in range(3)],
                      [("y", BK.IO_OUTPUT, bf, (1, 96))], {}, {f"s{i}": _rand((1, 96), tb) for i in range(3)}))
+    C.append(_single("sum4_f32_tile", K.SUM, [(f"p{i}", BK.IO_INPUT, f32, (16, 96)) for i in range(4)],
+                     [("y", BK.IO_OUTPUT, bf, (16, 96))], {"n_off": 32, "N_tile": 48},
+                     {f"p{i}": _rand((16, 96), tf) for i in range(4)}))
     C.append(_single("rmsnorm_bf16", K.RMSNORM, [("x", BK.IO_INPUT, bf, (2, 320)), ("w", BK.WEIGHT, bf, (320,))],
                      [("y", BK.IO_OUTPUT, bf, (2, 320))], {"eps": 1e-5},
                      {"x": _rand((2, 320), tb, 2), "w": _rand((320,), tb)}))

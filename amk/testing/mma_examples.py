@@ -16,15 +16,20 @@ from amk.testing.cuda_examples import Case, _ints, _rand, _single
 QDTYPE = {"int8": D.I8, "int4": D.I4, "fp8": D.F8E4M3}
 
 
-def _float_case(M: int, N: int, Kd: int, n_off: int, n_tile: int, bias: bool) -> Case:
+def _float_case(M: int, N: int, Kd: int, n_off: int, n_tile: int, bias: bool,
+                ks: tuple[int, int] | None = None) -> Case:
     ins = [("x", BK.IO_INPUT, D.BF16, (M, Kd)), ("W", BK.WEIGHT, D.BF16, (N, Kd))]
     fill = {"x": _rand((M, Kd), torch.bfloat16), "W": _rand((N, Kd), torch.bfloat16, 0.05)}
     if bias:
         ins.append(("bias", BK.WEIGHT, D.BF16, (N,)))
         fill["bias"] = _rand((N,), torch.bfloat16)
     op = K.GEMV_TILE if M == 1 else K.GEMM_TILE
-    return _single(f"mma_bf16_m{M}_k{Kd}_n{n_tile}{'_bias' if bias else ''}", op, ins,
-                   [("y", BK.IO_OUTPUT, D.BF16, (M, N))], {"n_off": n_off, "N_tile": n_tile, "K": Kd}, fill)
+    params, y, name = {"n_off": n_off, "N_tile": n_tile, "K": Kd}, D.BF16, ""
+    if ks is not None:                 # a K slice: fp32 partial sums (passes/tile.split_k)
+        params.update(k_off=ks[0], K_tile=ks[1] - ks[0])
+        y, name = D.F32, f"_ks{ks[0]}_{ks[1]}"
+    return _single(f"mma_bf16_m{M}_k{Kd}_n{n_tile}{'_bias' if bias else ''}{name}", op, ins,
+                   [("y", BK.IO_OUTPUT, y, (M, N))], params, fill)
 
 
 def _fp8_codes(shape):
@@ -37,7 +42,7 @@ def _fp8_codes(shape):
 
 
 def quant_case(fmt: str, M: int, N: int, Kd: int, group: int, zeros: bool, bias: bool,
-               n_off: int, n_tile: int, prefix: str = "mma") -> Case:
+               n_off: int, n_tile: int, prefix: str = "mma", ks: tuple[int, int] | None = None) -> Case:
     """One quantized GEMV tile of M rows of bf16 x (random codes, scales, integer zeros)."""
     ng = math.ceil(Kd / group)
     if fmt == "int8":
@@ -63,7 +68,11 @@ def quant_case(fmt: str, M: int, N: int, Kd: int, group: int, zeros: bool, bias:
         params["bias"] = True
     op = K.GEMV_TILE if M == 1 else K.GEMM_TILE
     name = f"{prefix}_{fmt}_m{M}_k{Kd}_g{group}{'_z' if zeros else ''}{'_bias' if bias else ''}"
-    return _single(name, op, ins, [("y", BK.IO_OUTPUT, D.BF16, (M, N))], params, fill)
+    y = D.BF16
+    if ks is not None:                 # a K slice: fp32 partial sums (passes/tile.split_k)
+        params.update(k_off=ks[0], K_tile=ks[1] - ks[0])
+        y, name = D.F32, f"{name}_ks{ks[0]}_{ks[1]}"
+    return _single(name, op, ins, [("y", BK.IO_OUTPUT, y, (M, N))], params, fill)
 
 
 def cases() -> list[Case]:
@@ -82,4 +91,10 @@ def cases() -> list[Case]:
             ("fp8", 1, 512, 128, False, False), ("fp8", 5, 1040, 64, False, True),
             ("fp8", 16, 96, 32, False, False), ("fp8", 64, 256, 256, False, False)):
         C.append(quant_case(fmt, M, 48, Kd, group, zeros, bias, 5, 33))
+    # K slices of a split GEMV (k_off / K_tile, fp32 partials): x in a window (64 rows) and x
+    # through the ring (16 rows); quantized with zeros, at a slice that is not the first
+    C.append(_float_case(16, 96, 2048, 16, 64, False, (512, 1536)))
+    C.append(_float_case(8, 64, 1024, 3, 16, False, (768, 1024)))
+    for fmt, M, zeros in (("int8", 16, True), ("int4", 16, True), ("fp8", 5, False)):
+        C.append(quant_case(fmt, M, 80, 2048, 128, zeros, False, 8, 64, ks=(1024, 1536)))
     return C

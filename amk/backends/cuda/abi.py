@@ -89,7 +89,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
              "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
-             "RD"),
+             "RD", "KLO", "KHI"),     # KLO, KHI: op_gemv_mma KS's K slice [KLO, KHI) of K
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row
@@ -121,6 +121,8 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "SOFTMAX": ("ROWS", "H"),
     "DEQ": ("N", "K", "LDQ", "GROUP", "NGROUPS", "PACKED"),
     "RED": ("N",),
+    # op_sum (templates/ops_simple.cuh): out (r, c) for c in [C0, C1) of ROWS x COLS
+    "SUM": ("ROWS", "COLS", "C0", "C1"),
 }
 FP_SLOTS: dict[str, tuple[str, ...]] = {
     "EW": ("SCALE",), "NORM": ("EPS",), "GEMV": ("EPS",), "ROPE": ("THETA",), "KV": ("THETA",),
@@ -193,4 +195,4 @@ OP_GROUP = {InstructionKind.COPY: "EW", InstructionKind.ADD: "EW", InstructionKi
             InstructionKind.ATTENTION_TILE: "ATTN", InstructionKind.ATTENTION_COMBINE: "COMB",
             InstructionKind.EMBED: "EMBED", InstructionKind.KV_APPEND: "KV",
             InstructionKind.SAMPLE_ARGMAX: "ARGMAX", InstructionKind.SOFTMAX: "SOFTMAX",
-            InstructionKind.DEQUANT: "DEQ"}
+            InstructionKind.DEQUANT: "DEQ", InstructionKind.SUM: "SUM"}

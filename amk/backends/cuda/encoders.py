@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from amk.program.ir import BufferKind, DType, InstructionKind as K
-from amk.program.regions import NEW_KV, combine_partials, seq_range
+from amk.passes.tile import SPLIT_K_ALIGN
+from amk.program.regions import NEW_KV, combine_partials, k_range, seq_range
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
 from amk.backends.cuda.ring import SEG_BYTES
 from amk.backends.cuda.smem import GEMV_X_MAX, NWARPS, XS_MAX
@@ -186,6 +187,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     if not (0 <= n_off and n_off + n_tile <= min(n_full, N)):
         fail(t, f"tile [{n_off}, {n_off + n_tile}) exceeds the weight's {n_full} rows / "
                  f"output's {N} columns")
+    klo, khi = k_range(p, Kd)           # a K slice of a split GEMV (passes/tile.py), or all of K
+    ks = (klo, khi) != (0, Kd)
     mb = max(1, min(M, 4, XS_MAX // Kd))
     # the non-coherent read-only path only for buffers nothing writes during the kernel
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
@@ -196,8 +199,15 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     gshift = gemv_quant.group_shift(qmode, group, ngroups) if quant else None
     qdirect = (quant and vec and M == 1 and w_ro and gshift is not None
                and _direct_fits(gemv_quant.x_floats(Kd, qmode), n_tile, -(-Kd // gemv_quant.SEGMENT)))
-    mma = (_mma_plan(x, w, out, M, Kd, n_tile, qmode, row_bytes, quant)
+    if ks:                          # only op_gemv_mma runs a K slice
+        direct = qdirect = False
+        if not (0 <= klo < khi <= Kd and klo % SPLIT_K_ALIGN == 0 and khi % SPLIT_K_ALIGN == 0):
+            fail(t, f"K slice [{klo}, {khi}) of K={Kd}: its ends must be multiples of {SPLIT_K_ALIGN}")
+    mma = (_mma_plan(x, w, out, M, khi - klo, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
+    if ks and mma is None:
+        fail(t, f"a K slice runs on the tensor-core GEMV only (bf16 x, M > 1 or quantized weights); "
+                f"here x is {x.dtype.name} [{M} rows], the weights {w.dtype.name}")
     if not (direct or qdirect or mma is not None) and Kd > GEMV_X_MAX:   # op_gemv stages one row
         fail(t, f"K={Kd} exceeds the {GEMV_X_MAX} elements of x a GEMV at M={M} stages in shared memory, "
                  f"and the tensor-core GEMV, which takes x in windows, cannot run it (it takes bf16 x with "
@@ -209,7 +219,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                                       nmat=1, epi=0, bias=has_bias, zeros=zeros is not None, ri=ri, roll=roll)
     elif mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
-                                  bias=has_bias, zeros=zeros is not None, nb=mma.nb, xr=mma.xr)
+                                  bias=has_bias, zeros=zeros is not None, nb=mma.nb, xr=mma.xr, ks=ks)
     elif direct:
         var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
                           bias=has_bias, tr="float", to=ftype(t, out.dtype),
@@ -221,7 +231,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
                 NGROUPS=ngroups, BIAS_AT=bias_at)
     if var.fn == "op_gemv_mma":
-        e.ip.update(gemv_batch.plan_ip(mma))
+        e.ip.update(gemv_batch.plan_ip(mma), **(dict(KLO=klo, KHI=khi) if ks else {}))
     if qdirect:
         e.ip["GSHIFT"] = gshift
     return e
@@ -471,6 +481,20 @@ def _enc_dequant(t, op, ins, outs, p) -> Encoded:
     return e
 
 
+def _enc_sum(t, op, ins, outs, p) -> Encoded:
+    out = outs[0]
+    if any(v.numel != out.numel for v in ins) or len({v.dtype for v in ins}) != 1:
+        fail(t, f"SUM's inputs must share the output's {out.numel} elements and one dtype, got "
+                f"{[(v.shape, v.dtype.name) for v in ins]}")
+    c0, c1 = _col_range(t, p, out)
+    ty = ftype(t, out.dtype)
+    var = Variant.of("op_sum", ty=ty, tp=ftype(t, ins[0].dtype), np=len(ins), res=False, tr="float",
+                     to=ty)
+    e = Encoded(int(op), var, group="SUM")
+    e.ip = dict(ROWS=out.numel // out.cols, COLS=out.cols, C0=c0, C1=c1)
+    return e
+
+
 ENCODERS = {
     K.COPY: _enc_elementwise, K.ADD: _enc_elementwise, K.MUL: _enc_elementwise,
     K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise, K.SOFTCAP: _enc_elementwise,
@@ -481,6 +505,7 @@ ENCODERS = {
     K.ATTENTION_TILE: _enc_attention, K.ATTENTION_COMBINE: _enc_combine,
     K.EMBED: _enc_embed, K.KV_APPEND: _enc_kv_append,
     K.SAMPLE_ARGMAX: _enc_argmax, K.SOFTMAX: _enc_softmax, K.DEQUANT: _enc_dequant,
+    K.SUM: _enc_sum,
 }
 
 

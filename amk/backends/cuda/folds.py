@@ -231,7 +231,7 @@ def pair_gemvs(f: Fused) -> Fused:
     staged once and neither tile goes through scratch. op_gemv_mma: its plan for twice the sums,
     quantized matrices' scales (and zeros) after the weights."""
     silu = abi.EW_KINDS.index("SILU_MUL")
-    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY", "GROUP", "NGROUPS", "BIAS_AT")
+    same = ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "XS_READY", "GROUP", "NGROUPS", "BIAS_AT", "KLO", "KHI")
 
     def fold(window, later):
         (a, aa, ao), (b, ba, bo), (c, ca, co) = window
@@ -273,7 +273,8 @@ def fold_add(f: Fused) -> Fused:
         y = go[0]
         plain = g.is_fn("op_gemv") and g.ip.get("M") == 1
         direct = ((_direct(g) or g.is_fn("op_gemv_mma"))
-                  and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0)
+                  and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0
+                  and not g.variant.arg("ks"))           # a K slice's sums are partial
         if not ((plain or direct) and a.op == int(K.ADD)
                 and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD")
                 and a.ip["ROWS"] == g.ip.get("M")
@@ -288,6 +289,27 @@ def fold_add(f: Fused) -> Fused:
         var = g.variant.with_(epi=1, tr=tr, to=to) if direct else g.variant.with_(add=True, tr=tr, to=to)
         e = Encoded(g.op, var, dict(g.ip), dict(g.fp), g.group)
         return e, ga + [res], [ao[0]]
+    return Fused(_fold_windows(f.steps, 2, fold), f.zero)
+
+
+def sum_add(f: Fused) -> Fused:
+    """A SUM of a split GEMV's partials (op_sum) into a scratch that only the next step reads,
+    an ADD of that tile and a residual at the same columns (down + h at a batch): the SUM adds
+    the residual (appended as its last input) and writes the ADD's output."""
+    def fold(window, later):
+        (s, sa, so), (a, aa, ao) = window
+        y = so[0]
+        if not (s.is_fn("op_sum") and not s.variant.arg("res") and a.op == int(K.ADD)
+                and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD")
+                and all(a.ip[k] == s.ip[k] for k in ("ROWS", "COLS", "C0", "C1"))
+                and all(a.ip[k] == a.ip["COLS"] for k in ("A_RS", "B_RS")) and a.ip["A_CS"] == a.ip["B_CS"] == 1
+                and ao[0].cols == y.cols and y.ref[0] == REF_SCRATCH
+                and all(v.dtype in FLOATS for v in aa + ao)
+                and [v.ref for v in aa].count(y.ref) == 1 and not _read_later(y.ref, later)):
+            return None
+        res = aa[1] if aa[0].ref == y.ref else aa[0]
+        var = s.variant.with_(res=True, tr=ctype(None, res.dtype), to=ftype(None, ao[0].dtype))
+        return Encoded(s.op, var, dict(s.ip), dict(s.fp), s.group), sa + [res], [ao[0]]
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
 
 
@@ -380,6 +402,7 @@ FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
     ("norm_into_attention", norm_into_attention),
     ("pair_gemvs", pair_gemvs),
     ("fold_add", fold_add),
+    ("sum_add", sum_add),
     ("norm_into_gemv", norm_into_gemv),
     ("norm_into_mma", norm_into_mma),
     ("unpad_shared_x", unpad_shared_x),

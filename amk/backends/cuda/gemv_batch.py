@@ -181,10 +181,12 @@ def scales_vectors(qmode: int, group: int, ngroups: int) -> bool:
 
 
 def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, nb, tr="float", to=None,
-             norm=False, nw="float", xr=False) -> Variant:
-    """op_gemv_mma with every template argument, in its order."""
-    return Variant.of("op_gemv_mma", ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi, bias=bias,
-                      zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw, xr=xr)
+             norm=False, nw="float", xr=False, ks=False) -> Variant:
+    """op_gemv_mma with every template argument, in its order (KS: a K slice, ip KLO / KHI;
+    without it the template's defaulted false, so the other variants' code is as before)."""
+    v = Variant.of("op_gemv_mma", ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi, bias=bias,
+                   zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw, xr=xr)
+    return v.with_(ks=True) if ks else v
 
 
 def planned(v: Variant, ip: dict, p: MmaPlan) -> tuple[Variant, dict]:
@@ -197,8 +199,8 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
            budget: int = BUDGET) -> MmaPlan | None:
     """The plan of an op_gemv_mma step once a fold changes its matrices or adds the norm, or in
     a smaller budget."""
-    return plan(ip["M"], ip["K"], ip["N_TILE"], nmat or v.arg("nmat"), v.arg("qmode"),
-                v.arg("norm") if norm is None else norm, budget)
+    return plan(ip["M"], ip.get("KHI", ip["K"]) - ip.get("KLO", 0), ip["N_TILE"], nmat or v.arg("nmat"),
+                v.arg("qmode"), v.arg("norm") if norm is None else norm, budget)
 
 
 def step_bytes(v: Variant, ip: dict) -> int:

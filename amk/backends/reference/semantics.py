@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from amk.errors import TraceError, ValidationError
 from amk.program.ir import DType, InstructionKind
+from amk.program.regions import k_range
 
 from amk.backends.reference.semantics_attention import (
     attention_combine, attention_tile, kv_append, rope,
@@ -88,6 +89,17 @@ def op_copy(inputs, outputs, params, ctx):
 
 def op_add(inputs, outputs, params, ctx):
     _elementwise(inputs, outputs, params, lambda a, b: a + b)
+
+
+def op_sum(inputs, outputs, params, ctx):
+    """y = x_0 + x_1 + ... summed in fp32 in input order, then cast (ext: a K-split GEMV's
+    partials, tile.py)."""
+    def total(*xs):
+        s = xs[0]
+        for x in xs[1:]:
+            s = s + x
+        return s
+    _elementwise(inputs, outputs, params, total)
 
 
 def op_mul(inputs, outputs, params, ctx):
@@ -227,7 +239,9 @@ def dequant_rows(qw: torch.Tensor, scales: torch.Tensor, qdtype: int, group: int
 
 
 def _matmul_tile(inputs, outputs, params):
-    """out[..., n_off:n_off+N_tile] = x @ W[n_off:n_off+N_tile].T (+ bias tile).
+    """out[..., n_off:n_off+N_tile] = x @ W[n_off:n_off+N_tile].T (+ bias tile); with k_off /
+    K_tile (ext: one K slice of a split GEMV, tile.py) only K columns [k_off, k_off+K_tile) of
+    x and W take part.
 
     FP weight: inputs = [x, W[N, K], bias?]. Weight-only quantized when params['qdtype'] is I4/I8/F8E4M3
     and a scales input is present: inputs = [x, qW, scales, zeros?, bias?] (bias when params['bias']:
@@ -238,6 +252,7 @@ def _matmul_tile(inputs, outputs, params):
     qdtype = int(params.get("qdtype", 0))
     n_off = int(params.get("n_off", 0))
     K = int(params.get("K", x.shape[-1]))
+    ks = slice(*k_range(params, K))
     if qdtype in QDTYPES and len(inputs) >= 3:
         scales = inputs[2]
         bias = inputs[-1] if params.get("bias") else None       # ext: the last input
@@ -246,12 +261,12 @@ def _matmul_tile(inputs, outputs, params):
         rows = slice(n_off, n_off + n_tile)
         w = dequant_rows(inputs[1][rows], scales[rows], qdtype, int(params.get("group", K)),
                          zeros[rows] if zeros is not None else None, K)
-        y = x @ w.t()
+        y = x[..., ks] @ w[:, ks].t()
         if bias is not None:
             y = y + f32(bias.reshape(-1)[n_off:n_off + n_tile])
     else:
         n_tile = int(params.get("N_tile", inputs[1].shape[0]))
-        y = x @ f32(inputs[1][n_off:n_off + n_tile]).t()
+        y = x[..., ks] @ f32(inputs[1][n_off:n_off + n_tile, ks]).t()
         if len(inputs) > 2 and inputs[2] is not None:
             y = y + f32(inputs[2].reshape(-1)[n_off:n_off + n_tile])
     out[..., n_off:n_off + n_tile] = y.to(out.dtype)
@@ -309,6 +324,7 @@ SEMANTICS: dict[InstructionKind, Semantics] = {
     InstructionKind.ALLREDUCE_SHARD: op_allreduce_shard,
     InstructionKind.FUSED: op_fused,
     InstructionKind.SOFTCAP: op_softcap,
+    InstructionKind.SUM: op_sum,
 }
 
 

@@ -48,14 +48,17 @@ def assert_folded_llama_step(kinds: dict[str, set], fn: str, batch: int = 1) -> 
     """Every linear is fn: q/k/v and the LM head with their norm, gate/up/silu one GEMV of two
     matrices, o (after the combine in each o tile at batch 1; at batch 16, one shard a
     sequence, the attention writes y itself: no combine) and down with the residual add, the
-    LM head's argmax partials reduced by one op_argmax_parts."""
+    LM head's argmax partials reduced by one op_argmax_parts. At batch 16 down is split over
+    K (passes/tile.split_k): its K slices write partial sums, a SUM a row tile adds them and
+    the residual (folds.sum_add)."""
     assert kinds["wq"] == kinds["wk"] == kinds["wv"] == {((fn, 1, 0, True),)}
     assert kinds["lm_head"] == {((fn, 1, 3, True),)}
     assert kinds["silu_mul"] == {((fn, 2, 2, True),)}
     if batch == 1:
         assert kinds["add"] == {(("op_combine", None, None, None), (fn, 1, 1, False)), ((fn, 1, 1, False),)}
     else:
-        assert kinds["add"] == {((fn, 1, 1, False),)}
+        assert kinds["add"] == {((fn, 1, 1, False),), (("op_sum", None, None, None),)}
+        assert kinds["w_down"] == {((fn, 1, 0, False),)}
         assert not any(k[0] == "op_combine" for ks in kinds.values() for kind in ks for k in kind)
     assert kinds["argmax"] == {(("op_argmax_parts", None, None, None),)}
 
@@ -118,7 +121,7 @@ def test_plans_give_every_warp_an_item_where_a_window_can():
 
 def test_a_batched_step_folds_as_the_batch_1_step_does():
     """Batch 16: q/k/v and the LM head take their norm (one step), gate/up/silu are one GEMV of
-    two matrices, o and down add the residual, the LM head's tiles write argmax partials of
+    two matrices, o and down's SUMs add the residual, the LM head's tiles write argmax partials of
     all 16 rows and one op_argmax_parts reduces them."""
     prog, low = _one_layer_1b(16)
     assert_folded_llama_step(step_kinds(prog, low), "op_gemv_mma", batch=16)

@@ -332,16 +332,20 @@ __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 
 // x streams with the weights RD - 1 jobs ahead (a tile of one 16-row group reads x once either
 // way: o and down at batch 16, whose x windows cost 4 barriers and stagings a tile).
 // P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
-// then the outputs.
+// then the outputs. KS: only K's slice [KLO, KHI) (ip; a split GEMV's partial sums, passes/tile.py,
+// whole segments): x's rows and the weights' keep their strides, k stays absolute.
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
-          class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false>
+          class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false,
+          bool KS = false>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = XR ? 1 : 2, SEG = KU * KB, MP = 8 * NB;
   constexpr bool PERM2 = QMODE == 2, PERM3 = QMODE == 3;
   static_assert(!XR || (QMODE == 0 && !NORM), "x through the ring: bf16 weights, no norm");
+  static_assert(!KS || !NORM, "a K slice has no whole rows to normalise");
   using S = MmaStage<QMODE, KU>;
   constexpr int SB = S::BYTES + (XR ? MP * KU * 64 : 0);  // a stage: the job's weights, then (XR) its x
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
+  const int KLO = KS ? d.ip[P_GEMV_KLO] : 0, KHI = KS ? d.ip[P_GEMV_KHI] : Kd;
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const int KW = d.ip[P_GEMV_KW], SPI = d.ip[P_GEMV_SPI], RD = d.ip[P_GEMV_RD];
   const int group = d.ip[P_GEMV_GROUP], ng = d.ip[P_GEMV_NGROUPS];
@@ -366,12 +370,12 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
     const int IW = warp < items ? (items - warp + NWARPS - 1) / NWARPS : 0;
-    MmaCursor ic = {0, 0, 0, 0};                           // the next job to issue
+    MmaCursor ic = {KLO, 0, 0, 0};                         // the next job to issue
     auto issue = [&]() {
-      if (IW > 0 && ic.k0 < Kd) {
+      if (IW > 0 && ic.k0 < KHI) {
         const int it = warp + ic.q * NWARPS, mat = it / (groups * CH), grp = (it - mat * groups * CH) / CH;
         const int ks = ic.k0 + (it % CH) * SPI * SEG + ic.s * SEG;
-        if (ks < Kd && ks < ic.k0 + KW) {
+        if (ks < KHI && ks < ic.k0 + KW) {
           mma_issue<QMODE, KU, ZEROS, TS, TZ>(ring + ic.slot * SB, (const char*)P[1 + mat] + (long long)n_off * rbytes,
                                               rbytes, n_off, grp * 16, n_tile, nv, ks, (const TS*)P[1 + NMAT + mat],
                                               (const TZ*)P[ZEROS ? 1 + 2 * NMAT + mat : 1 + NMAT + mat], ng, group);
@@ -382,7 +386,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       ic.next(SPI, IW, KW, RD);
     };
     int slot = 0;                                          // the next job's stage
-    for (int k0 = 0; k0 < Kd; k0 += KW) {
+    for (int k0 = KLO; k0 < KHI; k0 += KW) {
       __syncthreads();                                     // the last window's (the last pass's) readers are done
       // x's loads first, then the ring's first RD - 1 jobs (behind x: issued before it, they
       // delayed the staging)
@@ -390,7 +394,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
         mma_stage_xn<PERM3, PERM2, NW>(xs, xstride, x + (long long)m0 * Kd, Kd, k0, mc, MP, KW, (const NW*)P[d.n_in - 1],
                                        sq + k0 / KW * MP * per);
       else if (!XR) mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
-      if (k0 == 0)
+      if (k0 == KLO)
         for (int p = 1; p < RD; p++) issue();
       if (!XR) __syncthreads();
       AMK_MARK(1);
@@ -409,11 +413,11 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
           const char* stg = ring + slot * SB;
           slot = slot + 1 == RD ? 0 : slot + 1;
           const int ks = kc0 + s * SEG;
-          if (ks >= Kd || ks >= k0 + KW) continue;         // past the window: no loads, no sums
+          if (ks >= KHI || ks >= k0 + KW) continue;        // past the window: no loads, no sums
 #pragma unroll
           for (int u = 0; u < KU; u++) {
             const int kb = ks + u * KB;                    // the k-block's first k
-            if (kb >= Kd) break;
+            if (kb >= KHI) break;
             float sc[2] = {1.f, 1.f}, zz[2] = {0.f, 0.f};
             if (QMODE != 0) {
 #pragma unroll
@@ -459,7 +463,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
           for (int e = 0; e < 4; e++) {
             const int row = grp * 16 + g + 8 * (e >> 1), m = b * 8 + 2 * t + (e & 1);
             float* sum = part + mma_slot(ch, m, mat, row, MP, NMAT, rows16);
-            if (k0 == 0) *sum = acc[b][e]; else *sum += acc[b][e];
+            if (k0 == KLO) *sum = acc[b][e]; else *sum += acc[b][e];
           }
       }
       AMK_MARK(2);
