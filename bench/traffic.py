@@ -1,10 +1,11 @@
 """What each GEMV tile of a preset's decode step reads from global memory, on any machine (no
 GPU): its weights (the tile's rows of the weight, scales, zeros, bias) against its activations
-(x, read whole by every tile of the op, and the residual rows it adds), per task kind and layer,
-from the lowered program the cuda backend runs (meta weights; quantized ones on the CPU over 2
-layers). At batch 1 x is a few KB a tile; at batch 16 a down tile reads as many bytes of x as of
-weights, so an SM's ingress carries x as much as weights (NOTES v48). The last columns say what
-tiling rows x K would do (C K-slices: x / C a tile, its outputs as C fp32 partials to add).
+(x, read whole by every tile of the op, or its K slice, and the residual rows it adds), per task
+kind and layer, from the lowered program the cuda backend runs (meta weights; quantized ones on
+the CPU over 2 layers). At batch 1 x is a few KB a tile; at batch 16 an unsplit down tile read as
+many bytes of x as of weights (NOTES v48), so down is tiled rows x K there now (passes/tile.split_k:
+a quarter of x a tile). The last columns say what tiling rows x K would do to a kind (C
+K-slices: x / C a tile, its outputs as C fp32 partials to add).
 A folded split-KV combine (the o tiles at batch 1) is counted with every shard's partial; at run
 time it reads only the live ones (regions.live_shards: one at context 128, P at P x 128 rows).
 
@@ -36,15 +37,16 @@ def step_reads(op, ins, params, out_cols) -> tuple[float, float]:
     w_bytes = a_bytes = 0.0
     gemv = op in GEMV and len(ins) >= 2 and ins[1] is not None
     if gemv:
-        n = ins[1].shape[0]
-        frac = min(1.0, int(params.get("N_tile", n)) / max(n, 1))
+        n, k = ins[1].shape[0], int(params.get("K", ins[1].shape[-1]))
+        kf = min(1.0, int(params.get("K_tile", k)) / max(k, 1))    # a K slice's share (split_k)
+        frac = min(1.0, int(params.get("N_tile", n)) / max(n, 1)) * kf
     else:
         n_tile = int(params.get("N_tile", 0))
         frac = min(1.0, n_tile / out_cols) if n_tile and out_cols else 1.0
     for i, b in enumerate(ins):
         if b is None:
             continue
-        f = 1.0 if (gemv and i == 0) else frac if (gemv or b.cols == out_cols) else 1.0
+        f = kf if (gemv and i == 0) else frac if (gemv or b.cols == out_cols) else 1.0
         if b.kind.name in READ_ONLY:
             w_bytes += nbytes(b) * f
         else:
