@@ -152,6 +152,9 @@ def _softmax(inputs, outputs, params):
 # GEMV / GEMM / DEQUANT
 # --------------------------------------------------------------------------------------------
 def _matmul_tile(inputs, outputs, params):
+    if "k_off" in params or "K_tile" in params:     # whole ops only: tile.split_k never runs here
+        raise ValidationError("triton backend: a GEMV's K slice (k_off / K_tile, a split GEMV's "
+                              "partial sums) is not supported; compile for the reference or cuda backend")
     x, out = _dense(inputs[0], "x"), _dense(outputs[0], "out")
     xk = _cols(x)
     Kp = int(params.get("K", xk))
