@@ -111,3 +111,9 @@ def test_a_block_reading_two_blocks_back_is_no_repeat():
     params = {"blocks": [{"up": f(32, 32)} for _ in range(6)]}
     g, _ = trace(skip, [params, f(1, 32)], ["params", "x"], [BufferKind.WEIGHT, BufferKind.IO_INPUT])
     assert find_repeat(g) is None
+
+
+def test_a_step_split_over_k_stamps_to_the_plain_program():
+    """Down at batch 16 in K slices (tile.split_k): the partial buffers and SUM tasks a layer
+    stamp like any other."""
+    assert_stamped_equal(decoder_graph(SHAPES["1b"], batch=16), OPTIONS["cuda"].with_(k_split=2))

@@ -77,6 +77,12 @@ def test_a_batch_stamps_periodically():
                           OPTIONS["cuda"])
 
 
+def test_a_batch_split_over_k_stamps_periodically():
+    """Down in K slices (tile.split_k): its partial buffers share storage across blocks too."""
+    assert_periodic_equal(decoder_graph(replace(SHAPES["1b"], n_layers=8), batch=16),
+                          OPTIONS["cuda"].with_(k_split=2))
+
+
 def test_a_step_whose_storage_does_not_repeat_stamps_the_local_passes():
     # the MLP stack's activations (two classes, several a block) share storage with no period
     # of one or two blocks: the small program says so, and the compile is the plain one
