@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from amk.passes.options import PassOptions
 from amk.gcpause import without_gc
-from amk.passes.sync import rethreshold
+from amk.passes.sync import rebuilt, rethreshold
 from amk.program.ir import (Buffer, BufferKind, DType, InstructionKind as K, Program, Task, Wait,
                             new_task)
 
@@ -90,14 +90,18 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
     """K slices for a GEMV tiled w columns wide: the most (at most 4) whose x bytes saved a tile
     (x is read by every tile) beat the partials' traffic and the SUM's hand-off (two task
     overheads at one SM's share of the bandwidth); 1: no split. opts.k_split forces a count
-    where the split is legal."""
+    where the split is legal: x of several rows, not from a norm, no bias, and what the cuda
+    backend's tensor-core GEMV runs over a slice (bf16 x; bf16 weights, or quantized ones in
+    groups of whole 128-element k-blocks)."""
     x, wt = bufs[task.inputs[0]], bufs[task.inputs[1]]
     k = int(task.params.get("K", x.cols))
     m = x.numel // max(k, 1)
-    group = int(task.params.get("group", 0)) if task.params.get("qdtype") else 0
+    quant = bool(task.params.get("qdtype"))
+    group = int(task.params.get("group", k)) if quant else 0
     legal = (m >= 2 and writer not in NORMS and not task.params.get("bias")
-             and not (int(task.params.get("qdtype", 0)) == 0 and len(task.inputs) > 2)
-             and len(wt.shape) == 2 and "k_off" not in task.params)
+             and not (not quant and len(task.inputs) > 2) and len(wt.shape) == 2
+             and "k_off" not in task.params and x.dtype is DType.BF16
+             and (group % 128 == 0 if quant else wt.dtype is DType.BF16))
     align = max(SPLIT_K_ALIGN, 2 * group)
     cs = [c for c in (4, 2) if legal and k % (c * align) == 0]
     if opts.k_split is not None:
@@ -213,8 +217,8 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
         return program
     if summed:          # a split GEMV's readers wait for its SUMs, which wait for its tiles
         out = [t if t.op is K.SUM or not any(w.counter in summed for w in t.waits) else
-               t.with_(waits=tuple(Wait(summed.get(w.counter, w.counter), w.threshold)
-                                   for w in t.waits))
+               rebuilt(t, waits=tuple(Wait(summed.get(w.counter, w.counter), w.threshold)
+                                      for w in t.waits))
                for t in out]
     # each tile keeps its op's waits and counter: only thresholds change (= tile counts)
     return rethreshold(program.with_(tasks=tuple(out), queues=(), buffers=bufs + tuple(added)))

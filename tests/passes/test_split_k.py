@@ -68,7 +68,7 @@ def test_the_reference_vm_runs_a_split_step_to_the_unsplit_numbers(quant):
                   n_kv_heads=2, head_dim=32, ffn=1024, max_seq=64, dtype=torch.bfloat16)
     m = Model(cfg, random_params(cfg, seed=1))
     if quant:
-        m.quantize(quant, group=64)
+        m.quantize(quant, group=128)
     batch, pos = 4, torch.tensor([5], dtype=torch.int32)
     token = torch.tensor([3, 77, 140, 501], dtype=torch.int32)
     g = torch.Generator().manual_seed(2)
