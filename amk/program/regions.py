@@ -206,8 +206,8 @@ def _op_regions(op: K, ins: Sequence[int | None], outs: Sequence[int | None],
     writes: list[Region] = []
     if op in _GEMV:
         for i, b in enumerate(ins):        # a K slice reads only its columns of x
-            reads += _cols(b, *k_range(params, width(b)), width) if i == 0 and "k_off" in params \
-                else _whole(b, width)
+            slice_x = i == 0 and b is not None and "k_off" in params
+            reads += _cols(b, *k_range(params, width(b)), width) if slice_x else _whole(b, width)
         tile = _tile_range(params, out_width)
         for o in outs:
             writes += _cols(o, *tile, width) if tile else _whole(o, width)
