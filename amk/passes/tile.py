@@ -90,10 +90,12 @@ SPLIT_K_ROWS_MAX = 16             # rows of x the bytes rule splits at most (bf1
 def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> int:
     """K slices for a GEMV tiled w columns wide: the most (at most 4) whose x bytes saved a tile
     (x is read by every tile) beat the partials' traffic and the SUM's hand-off (two task
-    overheads at one SM's share of the bandwidth); 1: no split. opts.k_split forces a count
-    where the split is legal: x of several rows, not from a norm, no bias, and what the cuda
-    backend's tensor-core GEMV runs over a slice (bf16 x; bf16 weights, or quantized ones in
-    groups of whole 128-element k-blocks)."""
+    overheads at one SM's share of the bandwidth), for bf16 weights and at most
+    SPLIT_K_ROWS_MAX rows of x; 1: no split. opts.k_split forces a count where the split is
+    legal: x of several rows, not from a norm, no bias, and what the cuda backend's
+    tensor-core GEMV runs over a slice (bf16 x; bf16 weights, or quantized ones in groups of
+    whole 128-element k-blocks; slices of whole 256-element segments: k stays absolute, so a
+    slice needs no group alignment of its own)."""
     x, wt = bufs[task.inputs[0]], bufs[task.inputs[1]]
     k = int(task.params.get("K", x.cols))
     m = x.numel // max(k, 1)
@@ -103,8 +105,7 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
              and not (not quant and len(task.inputs) > 2) and len(wt.shape) == 2
              and "k_off" not in task.params and x.dtype is DType.BF16
              and (group % 128 == 0 if quant else wt.dtype is DType.BF16))
-    align = max(SPLIT_K_ALIGN, 2 * group)
-    cs = [c for c in (4, 2) if legal and k % (c * align) == 0]
+    cs = [c for c in (4, 2) if legal and k % (c * SPLIT_K_ALIGN) == 0]
     if opts.k_split is not None:
         return int(opts.k_split) if int(opts.k_split) in cs else 1
     if quant or m > SPLIT_K_ROWS_MAX:   # measured slower there (NOTES v49): int4 at batch 16
