@@ -34,11 +34,13 @@ def step_reads(op, ins, params, out_cols) -> tuple[float, float]:
     tile's share of columns (a residual, a bias); any other step's inputs by the columns it
     writes, as passes/cost.py counts them."""
     from amk.passes.cost import GEMV, nbytes
+    from amk.program.regions import k_range
     w_bytes = a_bytes = 0.0
     gemv = op in GEMV and len(ins) >= 2 and ins[1] is not None
     if gemv:
         n, k = ins[1].shape[0], int(params.get("K", ins[1].shape[-1]))
-        kf = min(1.0, int(params.get("K_tile", k)) / max(k, 1))    # a K slice's share (split_k)
+        lo, hi = k_range(params, k)
+        kf = (hi - lo) / max(k, 1)                                   # a K slice's share (split_k)
         frac = min(1.0, int(params.get("N_tile", n)) / max(n, 1)) * kf
     else:
         n_tile = int(params.get("N_tile", 0))

@@ -13,6 +13,7 @@ from typing import Mapping, NamedTuple, Sequence
 from amk.identity_memo import IdentityMemo
 from amk.passes.options import H200, Target
 from amk.program.ir import Buffer, DType, InstructionKind as K, Task
+from amk.program.regions import k_range
 from amk.program.recipe import INPUT, OUTPUT, recipe_of
 
 GEMV = (K.GEMV_TILE, K.GEMM_TILE)
@@ -45,7 +46,8 @@ def step_cost(op: K, ins: Sequence[Buffer | None], out: Buffer | None, params: M
         n = w.shape[0]
         frac = min(1.0, int(params.get("N_tile", n)) / max(n, 1))
         k = int(params.get("K", w.shape[-1]))
-        kf = min(1.0, int(params.get("K_tile", k)) / max(k, 1))     # a K slice's share of K
+        lo, hi = k_range(params, k)
+        kf = (hi - lo) / max(k, 1)                                   # a K slice's share of K
         nb = sum(nbytes(b) for b in ins[1:] if b is not None) * frac * kf
         x = ins[0]
         m = (x.numel // max(k, 1)) if x is not None else 1

@@ -166,7 +166,6 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
     writer: dict[int, K] = {}                        # buffer -> the op that last wrote it
     added: list[Buffer] = []                         # split_k's partial buffers
     summed: dict[int, int] = {}                      # a split GEMV's counter -> its SUMs'
-    sums: set[int] = set()                           # the outputs of split GEMVs
     gemv_out: set[int] = set()                       # the outputs of GEMVs
     next_counter = max((t.out_counter for t in program.tasks), default=0) + 1
     out: list[Task] = []
@@ -188,7 +187,6 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
                                     y.shape) for i in range(c)]
                     added += parts
                     summed[t.out_counter] = next_counter
-                    sums.add(y.id)
                     new = _split_k_tiles(t, grid, c, parts, y.id, next_counter)
                     next_counter += 1
                     grid_of[y.id] = grid
@@ -198,10 +196,9 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
         elif t.op in ELEMENTWISE and t.outputs and "n_off" not in t.params:
             y = bufs[t.outputs[0]]
             same = all(bufs[b].shape == y.shape for b in t.inputs)
-            # a GEMV's grid first (a split GEMV's SUM grid before any): `fuse` folds the op
-            # into the tiles that write its input
-            grid = next((grid_of[b] for b in sorted(t.inputs, key=lambda b: (b not in sums,
-                                                                              b not in gemv_out))
+            # a GEMV's grid (a split GEMV's: its SUMs') before an elementwise op's: `fuse`
+            # folds the op into the tiles that write its GEMV input
+            grid = next((grid_of[b] for b in sorted(t.inputs, key=lambda b: b not in gemv_out)
                          if b in grid_of), None)
             if same and grid:
                 new = _split(t, grid)

@@ -120,8 +120,8 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     "ARGMAX": ("ROWS", "V", "OUT64"),
     "SOFTMAX": ("ROWS", "H"),
     "DEQ": ("N", "K", "LDQ", "GROUP", "NGROUPS", "PACKED"),
-    "RED": ("N",),
-    # op_sum (templates/ops_simple.cuh): out (r, c) for c in [C0, C1) of ROWS x COLS
+    # op_sum (templates/ops_simple.cuh; SUM and ALLREDUCE_SHARD): out (r, c) for c in [C0, C1)
+    # of ROWS x COLS
     "SUM": ("ROWS", "COLS", "C0", "C1"),
 }
 FP_SLOTS: dict[str, tuple[str, ...]] = {
@@ -189,7 +189,7 @@ ARGS_DTYPE = np_dtype(ARGS_FIELDS)
 # The ip/fp slot group each opcode's descriptor uses (what the encoders write; for printing).
 OP_GROUP = {InstructionKind.COPY: "EW", InstructionKind.ADD: "EW", InstructionKind.MUL: "EW",
             InstructionKind.SILU_MUL: "EW", InstructionKind.GELU: "EW",
-            InstructionKind.ALLREDUCE_SHARD: "RED", InstructionKind.GEMV_TILE: "GEMV",
+            InstructionKind.ALLREDUCE_SHARD: "SUM", InstructionKind.GEMV_TILE: "GEMV",
             InstructionKind.GEMM_TILE: "GEMV", InstructionKind.RMSNORM: "NORM",
             InstructionKind.LAYERNORM: "NORM", InstructionKind.ROPE: "ROPE",
             InstructionKind.ATTENTION_TILE: "ATTN", InstructionKind.ATTENTION_COMBINE: "COMB",

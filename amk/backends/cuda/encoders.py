@@ -125,17 +125,6 @@ def _enc_elementwise(t, op, ins, outs, p) -> Encoded:
     return e
 
 
-def _enc_allreduce(t, op, ins, outs, p) -> Encoded:
-    out = outs[0]
-    for x in ins:
-        if x.numel != out.numel or x.dtype != ins[0].dtype:
-            fail(t, "ALLREDUCE_SHARD inputs must all have the output's numel and one dtype")
-    e = Encoded(int(op), Variant.of("op_allreduce", ty=ctype(t, out.dtype), tx=ctype(t, ins[0].dtype)),
-                group="RED")
-    e.ip = dict(N=out.numel)
-    return e
-
-
 def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     x, w, out = ins[0], ins[1], outs[0]
     Kd = int(p.get("K", x.cols))
@@ -482,11 +471,13 @@ def _enc_dequant(t, op, ins, outs, p) -> Encoded:
 
 
 def _enc_sum(t, op, ins, outs, p) -> Encoded:
+    """SUM (a split GEMV's partials), and ALLREDUCE_SHARD on one device (the sum of its shards,
+    in order): op_sum, over the tile's columns or the whole output."""
     out = outs[0]
     if any(v.numel != out.numel for v in ins) or len({v.dtype for v in ins}) != 1:
-        fail(t, f"SUM's inputs must share the output's {out.numel} elements and one dtype, got "
+        fail(t, f"{op.name}'s inputs must share the output's {out.numel} elements and one dtype, got "
                 f"{[(v.shape, v.dtype.name) for v in ins]}")
-    c0, c1 = _col_range(t, p, out)
+    c0, c1 = _col_range(t, p, out) if op == K.SUM else (0, out.cols)
     ty = ftype(t, out.dtype)
     var = Variant.of("op_sum", ty=ty, tp=ftype(t, ins[0].dtype), np=len(ins), res=False, tr="float",
                      to=ty)
@@ -498,7 +489,7 @@ def _enc_sum(t, op, ins, outs, p) -> Encoded:
 ENCODERS = {
     K.COPY: _enc_elementwise, K.ADD: _enc_elementwise, K.MUL: _enc_elementwise,
     K.SILU_MUL: _enc_elementwise, K.GELU: _enc_elementwise, K.SOFTCAP: _enc_elementwise,
-    K.ALLREDUCE_SHARD: _enc_allreduce,
+    K.ALLREDUCE_SHARD: _enc_sum,
     K.GEMV_TILE: _enc_gemv, K.GEMM_TILE: _enc_gemv,
     K.RMSNORM: _enc_norm, K.LAYERNORM: _enc_norm,
     K.ROPE: _enc_rope,

@@ -273,8 +273,7 @@ def fold_add(f: Fused) -> Fused:
         y = go[0]
         plain = g.is_fn("op_gemv") and g.ip.get("M") == 1
         direct = ((_direct(g) or g.is_fn("op_gemv_mma"))
-                  and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0
-                  and not g.variant.arg("ks"))           # a K slice's sums are partial
+                  and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0)
         if not ((plain or direct) and a.op == int(K.ADD)
                 and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD")
                 and a.ip["ROWS"] == g.ip.get("M")

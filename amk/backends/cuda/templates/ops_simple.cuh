@@ -30,9 +30,9 @@ __device__ __noinline__ void op_ew(AMK_PARAMS) {
 }
 
 // SUM: out (r, c) = TY(P[0] + P[1] + ... + P[NP - 1]) at (r, c), added in fp32 in input order
-// (a K-split GEMV's partials, passes/tile.py); RES (folds.sum_add): then TO(TY's value + the
-// residual P[NP] at (r, c)), the ADD the SUM's output went to. Every partial's load in flight
-// at once: one round trip a pass.
+// (a K-split GEMV's partials, passes/tile.py; ALLREDUCE_SHARD's shards on one device); RES
+// (folds.sum_add): then TO(TY's value + the residual P[NP] at (r, c)), the ADD the SUM's output
+// went to. Every partial's load in flight at once: one round trip a pass.
 template <class TY, class TP, int NP, bool RES, class TR, class TO>
 __device__ __noinline__ void op_sum(AMK_PARAMS) {
   const int C = d.ip[P_SUM_COLS], c0 = d.ip[P_SUM_C0], w = d.ip[P_SUM_C1] - c0;
@@ -49,17 +49,6 @@ __device__ __noinline__ void op_sum(AMK_PARAMS) {
     const TY y = from_f<TY>(s);
     if (RES) ((TO*)P[d.n_in])[o] = from_f<TO>(to_f(y) + to_f(((const TR*)P[NP])[o]));
     else ((TY*)P[d.n_in])[o] = y;
-  }
-}
-
-template <class TY, class TX>
-__device__ __noinline__ void op_allreduce(AMK_PARAMS) {
-  const long long N = d.ip[P_RED_N];
-  TY* y = (TY*)P[d.n_in];
-  for (long long i = threadIdx.x; i < N; i += NT) {
-    float acc = to_f(((const TX*)P[0])[i]);
-    for (int s = 1; s < d.n_in; s++) acc += to_f(((const TX*)P[s])[i]);
-    y[i] = from_f<TY>(acc);
   }
 }
 
