@@ -89,7 +89,7 @@ SPLIT_K_ROWS_MAX = 16             # rows of x the bytes rule splits at most (bf1
 
 def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> int:
     """K slices for a GEMV tiled w columns wide: the most (at most 4) whose x bytes saved a tile
-    (x is read by every tile) beat the partials' traffic and the SUM's hand-off (two task
+    (x is read by every tile) beat the partials' traffic and the SUM's stage (three task
     overheads at one SM's share of the bandwidth), for bf16 weights and at most
     SPLIT_K_ROWS_MAX rows of x; 1: no split. opts.k_split forces a count where the split is
     legal: x of several rows, not from a norm, no bias, and what the cuda backend's
@@ -111,7 +111,10 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
     if quant or m > SPLIT_K_ROWS_MAX:   # measured slower there (NOTES v49): int4 at batch 16
         return 1                        # +7%, batch 64 +11%, where bf16 at 16 won 3.5%
     t = opts.target
-    hand_off = 2 * t.task_overhead_ns * 1e-9 * t.mem_bw / max(t.num_sms, 1)
+    # the SUM's stage: its task and a hand-off on each side, at one SM's share of the bandwidth
+    # (3 overheads: batch 16 won, -3.5% on an H200 and -5.2% on an H100, saving 160 KB a tile;
+    # batch 8, saving 80, lost +5.5% on an H100, NOTES v49)
+    hand_off = 3 * t.task_overhead_ns * 1e-9 * t.mem_bw / max(t.num_sms, 1)
     xb = x.numel * x.dtype.itemsize
     for c in cs:
         partials = 2 * c * m * min(w * c, wt.shape[0]) * 4          # written, then read
