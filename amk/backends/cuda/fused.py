@@ -76,7 +76,7 @@ def _written_cols(enc: Encoded) -> tuple[int, int] | None:
     """Columns [lo, hi) a column-tile step writes in every row of its output, else None."""
     if enc.op in (int(K.GEMV_TILE), int(K.GEMM_TILE)):
         return enc.ip["N_OFF"], enc.ip["N_OFF"] + enc.ip["N_TILE"]
-    if enc.op in _EW_OPS or enc.op == int(K.ROPE):
+    if enc.op in _EW_OPS or enc.op in (int(K.ROPE), int(K.SUM)):
         return enc.ip["C0"], enc.ip["C1"]
     return None
 
