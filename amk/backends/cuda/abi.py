@@ -13,7 +13,7 @@ from amk.program.ir import DType, InstructionKind
 # The task descriptor: one per task and one per FUSED step (a "sub-task").
 # (name, C type, count). Every field is 4 bytes, so C and numpy agree on the layout without padding.
 MAX_PTRS = 64      # operands one descriptor may have (a split-KV combine has P + 1)
-N_IP = 23          # integer parameter slots (with then_task the descriptor stays 224 bytes)
+N_IP = 24          # integer parameter slots (a descriptor stays a multiple of 16 bytes)
 N_FP = 4           # float parameter slots
 INLINE_WAITS = 4         # waits a TaskDesc carries itself (more: read from the waits table)
 TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
@@ -38,9 +38,6 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("wait_t", "unsigned", INLINE_WAITS),     #   threshold, stride): they arrive in shared memory
     ("wait_s", "unsigned", INLINE_WAITS),     #   with the descriptor, no load before the poll
     ("ip", "int", N_IP),
-    ("then_task", "int", 1),     # -1, or the task the last of its producers to finish runs
-                                 #   (sum_by_last.py: that task is in no queue); here, so that
-                                 #   ip and fp keep their 16-byte offsets
     ("fp", "float", N_FP),
 )
 WAIT_FIELDS = (("counter", "int", 1), ("threshold", "unsigned", 1), ("stride", "unsigned", 1),

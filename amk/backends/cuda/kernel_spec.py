@@ -23,7 +23,6 @@ class KernelSpec:
     encoded: tuple[Variant, ...]     # the same before the PRE marks: as the encoders made them
     pre: bool                        # a task copies the next task's rows (AMK_PRE, preload.py)
     zero: bool                       # a FUSED task zeroes scratch first (AMK_ZERO)
-    then: bool                       # a task's last producer runs it (AMK_THEN, sum_by_last.py)
     ring_slot: int                   # kernel v2's page: the largest item of its RING steps
     too_many: tuple[int, ...]        # ids of tasks with a descriptor of > MAX_PTRS operands
 
@@ -64,5 +63,5 @@ def kernel_spec(folded: Folded) -> KernelSpec:
                     ring_rows.append(int(enc.ip.get("ROWB", 0)))
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
-    return KernelSpec(variants, tuple(index), pre, zero, bool(folded.then), ring.slot_bytes(ring_rows),
+    return KernelSpec(variants, tuple(index), pre, zero, ring.slot_bytes(ring_rows),
                       tuple(dict.fromkeys(too_many)))

@@ -25,7 +25,6 @@ from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
 from amk.backends.cuda.ring import fit_below_ring, mark_ring_steps
-from amk.backends.cuda.sum_by_last import sum_by_last
 from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask,
                                      Fused, View, fail)
 from amk.backends.cuda.tables import Lowered, pack
@@ -63,10 +62,8 @@ def fold_program(program: Program, n_ctas: int = 132,
     if options.kernel == "v2":
         fit_below_ring(tasks)
     queues = _queues(program, n_ctas)
-    # v2's consumers end a task in their own code (scheduler.cu): every task keeps its queue slot
-    then = sum_by_last(program, tasks, queues) if options.kernel == "v1" else {}
     drop_unissued_preloads(tasks, queues)
-    return Folded(tasks, queues, scratch, then)
+    return Folded(tasks, queues, scratch)
 
 
 def _lower_and_fold(t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:

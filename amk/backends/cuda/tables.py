@@ -34,7 +34,6 @@ class _Desc(NamedTuple):
     zero_begin: int = 0
     n_zero: int = 0
     n_pre: int = 0
-    then_task: int = -1
 
 
 _FIELDS = _Desc._fields
@@ -105,15 +104,13 @@ def pack(program: Program, folded: Folded, spec: KernelSpec | None = None) -> Lo
             rows.append(_Desc(c[0], c[1], ptr_begin, len(ft.ins), len(ft.outs), t.id,
                               len(refs) // 2 - ptr_begin,     # its own pointers, then its steps'
                               wait_begin, len(t.waits), out_counter, sub_begin=sub_begin,
-                              n_sub=len(ft.steps), zero_begin=zero_begin, n_zero=len(ft.zero),
-                              then_task=folded.then.get(t.id, -1)))
+                              n_sub=len(ft.steps), zero_begin=zero_begin, n_zero=len(ft.zero)))
         else:
             enc, sins, souts = ft.steps[0]
             c = encs.of(enc)
             n_in, n_out = len(sins), len(souts)
             rows.append(_Desc(c[0], c[1], pointers(sins, souts), n_in, n_out, t.id, n_in + n_out,
-                              wait_begin, len(t.waits), out_counter,
-                              then_task=folded.then.get(t.id, -1)))
+                              wait_begin, len(t.waits), out_counter))
         contents.append(c)
 
     pre: dict[int, tuple[int, int]] = {}
