@@ -132,6 +132,21 @@ def test_a_batched_step_folds_as_the_batch_1_step_does():
     assert sorted(set(slots.tolist())) == [0, 132]
 
 
+def test_the_split_down_projections_sums_run_as_one_step_and_zero_nothing():
+    """Down at batch 16 is split over K; each row tile's SUM (with the residual ADD folded in,
+    folds.sum_add) writes its columns of every row, so the scratch the fold left unused is not
+    zeroed first and the task runs as one op_sum, not as a FUSED task (it zeroed 64 KB a task
+    before, NOTES v50): no task of the step zeroes anything (AMK_ZERO 0)."""
+    prog, low = _one_layer_1b(16)
+    sums = [t for t in prog.tasks if t.name.endswith("+sum")]
+    assert len(sums) == 32
+    for t in sums:
+        d = low.tasks[t.id]
+        assert (int(d["op"]), int(d["n_sub"]), int(d["n_zero"])) == (int(K.SUM), 0, 0)
+        assert low.variants[int(d["variant"])].fn == "op_sum"
+    assert "#define AMK_ZERO 0" in render(prog)
+
+
 def _spills(log: str) -> dict[str, str]:
     """Function -> its ptxas spill line, for the megakernel and every GEMV."""
     out = {}
