@@ -11,7 +11,7 @@ from amk.program.regions import NEW_KV, combine_partials, k_range, seq_range
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
 from amk.backends.cuda.ring import SEG_BYTES
 from amk.backends.cuda.smem import GEMV_X_MAX, NWARPS, XS_MAX
-from amk.backends.cuda.steps import (RMS_RN, RMS_WARP_H, Encoded, Variant, View, ctype, fail, ftype,
+from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
                                      int_input)
 
 HD_MAX = 256            # largest attention head_dim the templates handle
@@ -256,8 +256,6 @@ def _enc_norm(t, op, ins, outs, p) -> Encoded:
         fail(t, f"x {x.shape} / out {out.shape} are not rows of H={H}")
     if op == K.RMSNORM:
         var = Variant.of("op_rmsnorm", tx=ftype(t, x.dtype), tw=ftype(t, w.dtype), ty=ftype(t, out.dtype))
-        if x.numel // H > 1 and H > RMS_WARP_H:      # rows a warp each (a batch's LM-head norm)
-            var = var.with_(long=True)
         eps = float(p.get("eps", 1e-6))
     else:
         hb = len(ins) > 2

@@ -18,7 +18,6 @@ CTYPE = {DType.F32: "float", DType.F16: "f16", DType.BF16: "bf16", DType.I32: "i
          DType.I64: "long long", DType.I8: "signed char", DType.U8: "unsigned char"}
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 RMS_RN = 8              # row elements a thread of rms_row holds (the kernel's AMK_RMS_RN)
-RMS_WARP_H = 256        # the longest row rms_rows_warp holds (templates/ops_simple.cuh)
 SCRATCH_ALIGN = 256
 
 REF_BUFFER, REF_SCRATCH = 0, 1

@@ -147,21 +147,6 @@ def test_the_split_down_projections_sums_run_as_one_step_and_zero_nothing():
     assert "#define AMK_ZERO 0" in render(prog)
 
 
-def test_a_batch_64_lm_head_normalises_its_rows_a_warp_each():
-    """At batch 64 the LM head's x comes in windows, so its norm stays a step of its own in each
-    tile: 64 rows of 2048, a warp a row (op_rmsnorm LONG; one row at a time took 86 us a tile,
-    NOTES v50). Per-head norms and batch 16's folded norm keep their variants."""
-    prog, low = _one_layer_1b(64)
-    norms = {low.variants[int(s["variant"])] for t in prog.tasks if "lm_head" in t.name
-             for s in _steps(low, low.tasks[t.id]) if int(s["op"]) == int(K.RMSNORM)}
-    assert norms and all(v.fn == "op_rmsnorm" and v.arg("long") for v in norms)
-    from amk.testing.cuda_examples import cases as op_cases
-    for case in op_cases():
-        if case.name.startswith("rmsnorm_"):
-            (v,) = lower_program(case.program).variants
-            assert bool(v.arg("long")) == (case.name in ("rmsnorm_bf16", "rmsnorm_rows_long_bf16")), case.name
-
-
 def _spills(log: str) -> dict[str, str]:
     """Function -> its ptxas spill line, for the megakernel and every GEMV."""
     out = {}

@@ -83,7 +83,7 @@ __device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float 
 // Many short rows (a per-head norm: Qwen3's q/k norms, 16 rows of 128): a warp a row, all rows
 // in flight at once and a shuffle sum, instead of one block-wide round trip a row in turn
 // (NOTES v22: 16 rows took 10.8 us that way).
-constexpr int RMS_WARP_H = 256;        // longest row a warp takes (8 elements a lane; steps.py)
+constexpr int RMS_WARP_H = 256;        // longest row a warp takes (8 elements a lane)
 template <class TX, class TW, class TY>
 __device__ __forceinline__ void rms_rows_warp(const TX* x, const TW* w, int H, int R, float eps, TY* y) {
   constexpr int E = RMS_WARP_H / 32;
@@ -106,38 +106,14 @@ __device__ __forceinline__ void rms_rows_warp(const TX* x, const TW* w, int H, i
   }
 }
 
-// Rows longer than RMS_WARP_H, a warp a row: each lane's sum of squares over its elements, the
-// warp's sum, then the row again (from L1 / L2) scaled. A batch's norm in every LM-head tile that
-// cannot fold it (batch 64: 64 rows of 2048, one row at a time with block_sum took 86 us a tile,
-// NOTES v50). Not the bits of rms_row (another order of the sum).
-template <class TX, class TW, class TY>
-__device__ __forceinline__ void rms_rows_warp_long(const TX* x, const TW* w, int H, int R, float eps, TY* y) {
-  const int lane = threadIdx.x & 31;
-  for (int r = threadIdx.x >> 5; r < R; r += NWARPS) {
-    const TX* xr = x + (long long)r * H;
-    float ss = 0.f;
-#pragma unroll 8
-    for (int i = lane; i < H; i += 32) { const float v = to_f(xr[i]); ss += v * v; }
-    const float rs = rsqrtf(warp_sum(ss) / (float)H + eps);
-#pragma unroll 8
-    for (int i = lane; i < H; i += 32) y[(long long)r * H + i] = from_f<TY>((to_f(xr[i]) * rs) * to_f(w[i]));
-  }
-}
-
 // TO_SMEM (one row, folds.norm_into_smem): the normalised row goes, rounded through TY, into
-// the next GEMVs' fp32 x staging area at smem[0] instead of y. LONG (encoders._enc_norm: rows
-// > 1 longer than RMS_WARP_H): rms_rows_warp_long; a template constant, so the other variants'
-// code is as before.
-template <class TX, class TW, class TY, bool LONG = false>
+// the next GEMVs' fp32 x staging area at smem[0] instead of y.
+template <class TX, class TW, class TY>
 __device__ __noinline__ void op_rmsnorm(AMK_PARAMS) {
   const int H = d.ip[P_NORM_H], R = d.ip[P_NORM_ROWS];
   const float eps = d.fp[F_NORM_EPS];
   const TX* x = (const TX*)P[0]; const TW* w = (const TW*)P[1]; TY* y = (TY*)P[d.n_in];
   const bool to_smem = d.ip[P_NORM_TO_SMEM] != 0; float* xs = (float*)smem;   // see TO_SMEM
-  if (LONG && R > 1 && !to_smem) {
-    rms_rows_warp_long<TX, TW, TY>(x, w, H, R, eps, y);
-    return;
-  }
   if (R > 1 && H <= RMS_WARP_H && !to_smem) {
     rms_rows_warp<TX, TW, TY>(x, w, H, R, eps, y);
     return;
