@@ -423,8 +423,8 @@ def _enc_kv_append(t, op, ins, outs, p) -> Encoded:
     if pos_seq and (ins[1].numel != B or B == 1):
         fail(t, f"pos {ins[1].shape}: the CUDA append takes one position, or one for each of "
                 f"the cache's {B} sequences (a prompt block runs on the triton backend)")
-    var = Variant.of("op_kv_append", tn=ctype(t, new.dtype), tc=ctype(t, cache.dtype), tf="float")
-    e = Encoded(int(op), var.with_(seq=True) if pos_seq else var, group="KV")
+    e = Encoded(int(op), Variant.of("op_kv_append", tn=ctype(t, new.dtype), tc=ctype(t, cache.dtype),
+                                      tf="float"), group="KV")
     e.ip = dict(ROWLEN=rowlen, NROWS=new.numel // (B * rowlen), MAX_SEQ=max_seq, B=B,
                 POS64=int_input(t, ins[1], "pos") if has_pos else 0, HAS_POS=int(has_pos),
                 POS_PARAM=int(p.get("pos", 0)), POS_SEQ=int(pos_seq))

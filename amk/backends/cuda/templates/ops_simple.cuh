@@ -203,61 +203,33 @@ __device__ __noinline__ void op_embed(AMK_PARAMS) {
 // ROPE_HD > 0: the rows are rotated first (the FUSED ROPE step before, folded in by
 // folds.rope_into_append: op_rope's formula and rounding, one position), so the new k goes
 // from the GEMV's output to the cache in one pass.
-// SEQ (encoders._enc_kv_append: a position a sequence): the B positions checked a thread each
-// (every thread checking all of them in turn is B round trips), thread 0 naming the first bad
-// one as before.
-template <class TN, class TC, class TF, bool SEQ = false>
+template <class TN, class TC, class TF>
 __device__ __noinline__ void op_kv_append(AMK_PARAMS) {
   const long long rowlen = d.ip[P_KV_ROWLEN];
   const int n = d.ip[P_KV_NROWS], max_seq = d.ip[P_KV_MAX_SEQ], B = d.ip[P_KV_B];
   const int rhd = d.ip[P_KV_ROPE_HD], half = rhd / 2;
   const int seq = d.ip[P_KV_POS_SEQ], is64 = d.ip[P_KV_POS64];   // seq: sequence b at pos[b]
   const long long p = d.ip[P_KV_HAS_POS] ? read_int(P[1], is64) : (long long)d.ip[P_KV_POS_PARAM];
-  float bad = 0.f;
-  for (int b = SEQ ? threadIdx.x : 0; SEQ && b < B; b += NT) {
-    const long long pb = read_int((const char*)P[1] + (long long)b * (is64 ? 8 : 4), is64);
-    if (pb < 0 || pb > max_seq - n) bad = 1.f;
-  }
-  if (!SEQ || block_sum(bad) > 0.f) {
-    for (int b = 0; b < (seq ? B : 1); b++) {
-      const long long pb = seq ? read_int((const char*)P[1] + (long long)b * (is64 ? 8 : 4), is64) : p;
-      if (pb < 0 || pb > max_seq - n) { if (threadIdx.x == 0) raise_fault(st, FAULT_KV_POS, d.task_id, (int)pb); return; }
-    }
+  for (int b = 0; b < (seq ? B : 1); b++) {
+    const long long pb = seq ? read_int((const char*)P[1] + (long long)b * (is64 ? 8 : 4), is64) : p;
+    if (pb < 0 || pb > max_seq - n) { if (threadIdx.x == 0) raise_fault(st, FAULT_KV_POS, d.task_id, (int)pb); return; }
   }
   const TN* src = (const TN*)P[0]; TC* cache = (TC*)P[d.n_in];
-  const long long per_b = (long long)n * rowlen, total = B * per_b;
-  // KV_U elements a thread a round, every load of a round issued before its stores (a store
-  // into the cache may alias the next element's load for the compiler, so one at a time each
-  // element was a round trip: a batch-64 append of 64 a thread took ~45 us, NOTES v50)
-  constexpr int KV_U = 8;
-  for (long long i0 = threadIdx.x; i0 < total; i0 += KV_U * NT) {
-    TN v[KV_U], o[KV_U];
-#pragma unroll
-    for (int u = 0; u < KV_U; u++) {
-      const long long i = i0 + (long long)u * NT;
-      if (i < total) {
-        v[u] = src[i];
-        if (rhd) { const int j = (int)(i % rhd); o[u] = src[j < half ? i + half : i - half]; }
-      }
+  const long long per_b = (long long)n * rowlen;
+  for (long long i = threadIdx.x; i < B * per_b; i += NT) {
+    long long b = i / per_b, k = i - b * per_b;
+    const long long pb = seq ? read_int((const char*)P[1] + b * (is64 ? 8 : 4), is64) : p;
+    TN v = src[i];
+    if (rhd) {
+      const int j = (int)(i % rhd), fj = j < half ? j : j - half;
+      const float inv = d.ip[P_KV_ROPE_INV] ? to_f(((const TF*)P[2])[fj])
+                                             : rope_inv_pow(d.fp[F_KV_THETA], fj, half);
+      float sn, cs;
+      sincosf((float)pb * inv, &sn, &cs);
+      const float x = to_f(v);
+      v = from_f<TN>(j < half ? x * cs - to_f(src[i + half]) * sn : x * cs + to_f(src[i - half]) * sn);
     }
-#pragma unroll 1                                         // (sincosf's slow path: not unrolled)
-    for (int u = 0; u < KV_U; u++) {
-      const long long i = i0 + (long long)u * NT;
-      if (i >= total) break;
-      const long long b = i / per_b, k = i - b * per_b;
-      const long long pb = seq ? read_int((const char*)P[1] + b * (is64 ? 8 : 4), is64) : p;
-      TN y = v[u];
-      if (rhd) {
-        const int j = (int)(i % rhd), fj = j < half ? j : j - half;
-        const float inv = d.ip[P_KV_ROPE_INV] ? to_f(((const TF*)P[2])[fj])
-                                               : rope_inv_pow(d.fp[F_KV_THETA], fj, half);
-        float sn, cs;
-        sincosf((float)pb * inv, &sn, &cs);
-        const float x = to_f(y);
-        y = from_f<TN>(j < half ? x * cs - to_f(o[u]) * sn : x * cs + to_f(o[u]) * sn);
-      }
-      cache[(b * max_seq + pb) * rowlen + k] = Cast<TC, TN>::go(y);
-    }
+    cache[(b * max_seq + pb) * rowlen + k] = Cast<TC, TN>::go(v);
   }
 }
 
