@@ -5,7 +5,11 @@ kind and layer, from the lowered program the cuda backend runs (meta weights; qu
 the CPU over 2 layers). At batch 1 x is a few KB a tile; at batch 16 an unsplit down tile read as
 many bytes of x as of weights (NOTES v48), so down is tiled rows x K there now (passes/tile.split_k:
 a quarter of x a tile). The last columns say what tiling rows x K would do to a kind (C
-K-slices: x / C a tile, its outputs as C fp32 partials to add).
+K-slices: x / C a tile, its outputs as C fp32 partials to add). The plan columns come from the
+CUDA lowering of the same program: the GEMV function a tile runs and, for the tensor-core GEMV
+(op_gemv_mma, gemv_batch.plan), its passes over the weights (8 NB rows of x a pass: each pass
+reads the tile's weights again), x windows and ring stages a warp (1: no load in flight while
+it computes); "SM reads" = weights x passes + activations, what the tile pulls into its SM.
 A folded split-KV combine (the o tiles at batch 1) is counted with every shard's partial; at run
 time it reads only the live ones (regions.live_shards: one at context 128, P at P x 128 rows).
 
@@ -81,8 +85,30 @@ def task_reads(task, bufs) -> tuple[float, float, int] | None:
     return w, a, cols
 
 
+def tile_plan(low, tid: int) -> tuple[str, int]:
+    """(the plan in words, passes over the weights) of a lowered GEMV task: its GEMV step's
+    function, and for op_gemv_mma NB, passes, x windows, ring stages and x through the ring."""
+    from amk.backends.cuda import abi
+    d = low.tasks[tid]
+    steps = low.tasks[int(d["sub_begin"]):int(d["sub_begin"]) + int(d["n_sub"])] if int(d["n_sub"]) else [d]
+    ip = lambda s, n: int(s["ip"][abi.ip_index("GEMV", n)])       # noqa: E731
+    for s in steps:
+        v = low.variants[int(s["variant"])] if int(s["variant"]) >= 0 else None
+        if v is None or not v.fn.startswith("op_gemv"):
+            continue
+        if v.fn != "op_gemv_mma":
+            return v.fn, 1
+        nb, k = v.arg("nb"), ip(s, "KHI") - ip(s, "KLO") if v.arg("ks") else ip(s, "K")
+        passes = -(-ip(s, "M") // (8 * nb))
+        windows = "x in the ring" if v.arg("xr") else f"{-(-k // ip(s, 'KW'))} window(s)"
+        return f"mma NB {nb}, {passes} pass(es), {windows}, ring {ip(s, 'RD')}", passes
+    return "-", 1
+
+
 def kinds(model: str, batch: int, quant: str | None, layers: int | None) -> list[dict]:
-    """One row a GEMV task kind: tasks a layer, KB a task of weights and of activations."""
+    """One row a GEMV task kind: tasks a layer, KB a task of weights and of activations, the
+    CUDA plan of its first tile and what a tile pulls into its SM."""
+    from amk.backends.cuda.lower import lower_program
     from amk.models.presets import PRESETS, random_model
     from profile_decode import task_kind, task_layer
     cfg = PRESETS[model]
@@ -91,12 +117,15 @@ def kinds(model: str, batch: int, quant: str | None, layers: int | None) -> list
     if quant:
         m.quantize(quant)
     prog = m.lower(backend="cuda", batch=batch).program
+    low = lower_program(prog)
     acc: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, 0])
+    plans: dict[str, tuple[str, int]] = {}
     for t in prog.tasks:
         r = task_reads(t, prog.buffers)
         if r is None:
             continue
         k = task_kind(t, prog.buffers)
+        plans.setdefault(k, tile_plan(low, t.id))
         row = acc[k]
         row[0] += 1
         row[1] += r[0]
@@ -106,8 +135,10 @@ def kinds(model: str, batch: int, quant: str | None, layers: int | None) -> list
     out = []
     for k, (n, w, a, cols, *lay) in acc.items():
         per_layer = n // max(len(set(lay)), 1)
+        plan, passes = plans[k]
         out.append({"kind": k, "tasks_a_layer": per_layer, "weight_kb": w / n / 1024, "act_kb": a / n / 1024,
-                    "act_share": a / (a + w) if a + w else 0.0, "cols": cols})
+                    "act_share": a / (a + w) if a + w else 0.0, "cols": cols, "plan": plan,
+                    "passes": passes, "sm_kb": (w * passes + a) / n / 1024})
     return sorted(out, key=lambda r: -r["weight_kb"] * r["tasks_a_layer"])
 
 
@@ -120,12 +151,14 @@ def rows_by_k(row: dict, batch: int, c: int) -> tuple[float, float]:
 
 def table(model: str, batch: int, quant: str | None, rows: list[dict]) -> str:
     lines = [f"{model} batch {batch} {quant or 'bf16'} (KB a task)",
-             "kind | tasks a layer | weights | activations | act share | C=2 act / partials | C=4 act / partials",
-             "---|---|---|---|---|---|---"]
+             "kind | tasks a layer | weights | activations | act share | C=2 act / partials | "
+             "C=4 act / partials | plan (cuda) | SM reads",
+             "---|---|---|---|---|---|---|---|---"]
     for r in rows:
         c2, c4 = rows_by_k(r, batch, 2), rows_by_k(r, batch, 4)
         lines.append(f"{r['kind']} | {r['tasks_a_layer']} | {r['weight_kb']:.1f} | {r['act_kb']:.1f} | "
-                     f"{100 * r['act_share']:.0f}% | {c2[0]:.1f} / {c2[1]:.1f} | {c4[0]:.1f} / {c4[1]:.1f}")
+                     f"{100 * r['act_share']:.0f}% | {c2[0]:.1f} / {c2[1]:.1f} | {c4[0]:.1f} / {c4[1]:.1f} | "
+                     f"{r['plan']} | {r['sm_kb']:.1f}")
     return "\n".join(lines)
 
 
