@@ -91,17 +91,17 @@ def tile_plan(low, tid: int) -> tuple[str, int]:
     from amk.backends.cuda import abi
     d = low.tasks[tid]
     steps = low.tasks[int(d["sub_begin"]):int(d["sub_begin"]) + int(d["n_sub"])] if int(d["n_sub"]) else [d]
-    ip = lambda s, n: int(s["ip"][abi.ip_index("GEMV", n)])       # noqa: E731
     for s in steps:
         v = low.variants[int(s["variant"])] if int(s["variant"]) >= 0 else None
         if v is None or not v.fn.startswith("op_gemv"):
             continue
         if v.fn != "op_gemv_mma":
             return v.fn, 1
-        nb, k = v.arg("nb"), ip(s, "KHI") - ip(s, "KLO") if v.arg("ks") else ip(s, "K")
-        passes = -(-ip(s, "M") // (8 * nb))
-        windows = "x in the ring" if v.arg("xr") else f"{-(-k // ip(s, 'KW'))} window(s)"
-        return f"mma NB {nb}, {passes} pass(es), {windows}, ring {ip(s, 'RD')}", passes
+        ip = {n: int(s["ip"][abi.ip_index("GEMV", n)]) for n in ("M", "K", "KW", "RD", "KLO", "KHI")}
+        k = ip["KHI"] - ip["KLO"] if v.arg("ks") else ip["K"]        # a K slice's share of K
+        passes = -(-ip["M"] // (8 * v.arg("nb")))
+        windows = "x in the ring" if v.arg("xr") else f"{-(-k // ip['KW'])} window(s)"
+        return f"mma NB {v.arg('nb')}, {passes} pass(es), {windows}, ring {ip['RD']}", passes
     return "-", 1
 
 
