@@ -53,11 +53,6 @@ NORM_WINDOWS_NB_MAX = 2
 # 215 KiB) measured level or slower (NOTES v27).
 BUDGET = 196 << 10
 assert BUDGET <= SMEM_BYTES
-# A batched tile (M > 1: no batch-1 preload or fold staging exists in its program) whose plan
-# in BUDGET leaves a one-stage ring (no load in flight while a warp computes: the int4 LM head
-# and down at batch 16) takes the CTA's whole area instead, where that gives a second stage
-# (NOTES v50; kernel v2 replans below its ring with its own budget, ring.fit_below_ring)
-WIDE_BUDGET = SMEM_BYTES
 
 
 @dataclass(frozen=True)
@@ -137,17 +132,6 @@ def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | 
 @functools.lru_cache(maxsize=None)
 def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
          budget: int = BUDGET) -> MmaPlan | None:
-    """_plan in `budget`; a batched tile whose plan there has a one-stage ring gets its plan in
-    WIDE_BUDGET where that has more stages or fewer passes."""
-    best = _plan(M, K, n_tile, nmat, qmode, norm, budget)
-    if M > 1 and budget == BUDGET and (best is None or best.rd == 1):
-        wide = _plan(M, K, n_tile, nmat, qmode, norm, WIDE_BUDGET)
-        if wide is not None and (best is None or wide.rd > 1 or wide.nb > best.nb):
-            return wide
-    return best
-
-
-def _plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool, budget: int) -> MmaPlan | None:
     """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes of
     shared memory (None: no plan fits; with the norm, one window unless that leaves a
     one-stage ring, NORM_WINDOWS_NB_MAX). The fewest passes over the weights first; then items
@@ -156,7 +140,7 @@ def _plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool, budget
     then at most WINDOWS_MAX windows; then rings of RD_GOOD stages (the loads in flight);
     then the fewest windows (a window is two barriers and its x staging); then the deepest
     ring; then the fewest segments a warp runs and the fewest chunks (the epilogue adds
-    them). Every plan that fits is ranked (plan memoises it: one search a shape). A tile that takes
+    them). Every plan that fits is ranked (memoised: one search a shape). A tile that takes
     x through the ring (_takes_xr) gets its XR plan where one fits."""
     seg = segment(qmode)
     nseg = -(-K // seg)

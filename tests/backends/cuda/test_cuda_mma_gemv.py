@@ -105,21 +105,6 @@ def test_plans_fit_the_work_area_and_take_the_fewest_passes():
     assert gemv_batch.plan(16, 2048, 24, 1, 0, norm=True).kw >= 2048
 
 
-def test_a_batched_tile_left_with_a_one_stage_ring_takes_the_whole_area():
-    """The int4 / int8 LM head at batch 16 (976 rows: its sums and x leave one ring stage in
-    196 KiB) gets a second stage in the CTA's 212 KiB; the bf16 one already has two in 196 KiB,
-    and batch 1 never goes past BUDGET (its preload and fold staging live at the top)."""
-    from amk.backends.cuda import smem
-    for q in (1, 2):
-        p = gemv_batch.plan(16, 2048, 976, 1, q, True)
-        b = gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, 976, 1, p.rd, True)
-        assert p.rd == 2 and gemv_batch.BUDGET < b <= smem.SMEM_BYTES
-    p = gemv_batch.plan(16, 2048, 976, 1, 0, True)
-    assert p.rd == 2 and gemv_batch.smem_bytes(0, p.nb, p.kw, p.spi, 976, 1, p.rd, True) <= gemv_batch.BUDGET
-    p = gemv_batch.plan(1, 2048, 976, 1, 2, True)
-    assert gemv_batch.smem_bytes(2, p.nb, p.kw, p.spi, 976, 1, p.rd, True) <= gemv_batch.BUDGET
-
-
 def test_plans_give_every_warp_an_item_where_a_window_can():
     """The 1B step's GEMVs at batch 16 (down 16 rows of K 8192, gate/up 64 of two matrices, q
     24 with its norm, o 16): a window has an item for each of the CTA's warps (down and o
