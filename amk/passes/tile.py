@@ -102,7 +102,7 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
     quant = bool(task.params.get("qdtype"))
     group = int(task.params.get("group", k)) if quant else 0
     legal = (m >= 2 and writer not in NORMS and not task.params.get("bias")
-             and not (not quant and len(task.inputs) > 2) and len(wt.shape) == 2
+             and (quant or len(task.inputs) == 2) and len(wt.shape) == 2
              and "k_off" not in task.params and x.dtype is DType.BF16
              and (group % 128 == 0 if quant else wt.dtype is DType.BF16))
     cs = [c for c in (4, 2) if legal and k % (c * SPLIT_K_ALIGN) == 0]

@@ -144,7 +144,7 @@ def test_a_step_with_down_split_over_k_matches_reference_vm(fmt, batch, k_split)
     """Down projections tiled rows x K slices (passes/tile.split_k): fp32 partial sums from
     op_gemv_mma over [KLO, KHI), one op_sum a row tile adding them and the residual. None: the
     target's own rule (the 1B shape at batch 16 splits in 4); else forced (quantized weights
-    only then: the rule leaves them whole, NOTES v49).""" 
+    only then: the rule leaves them whole, NOTES v49)."""
     from amk import jit
     from amk.passes.options import PassOptions
     cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192)

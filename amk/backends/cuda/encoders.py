@@ -477,7 +477,7 @@ def _enc_sum(t, op, ins, outs, p) -> Encoded:
     if any(v.numel != out.numel for v in ins) or len({v.dtype for v in ins}) != 1:
         fail(t, f"{op.name}'s inputs must share the output's {out.numel} elements and one dtype, got "
                 f"{[(v.shape, v.dtype.name) for v in ins]}")
-    c0, c1 = _col_range(t, p, out) if op == K.SUM else (0, out.cols)
+    c0, c1 = _col_range(t, p, out)           # ALLREDUCE_SHARD has no tile: every column
     ty = ftype(t, out.dtype)
     var = Variant.of("op_sum", ty=ty, tp=ftype(t, ins[0].dtype), np=len(ins), res=False, tr="float",
                      to=ty)
