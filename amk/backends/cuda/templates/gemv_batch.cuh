@@ -339,14 +339,8 @@ template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, cl
 __device__ __forceinline__ void gemv_stream(AMK_PARAMS);   // gemv_stream.cuh, after this file
 
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
-          class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false,
-          bool KS = false, bool CS = false>
-__device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
-  static_assert(!CS || (QMODE == 0 && !XR && !KS), "the streamed plan: bf16 weights, all of K");
-  if (CS) {                                                // CS: templates/gemv_stream.cuh
-    gemv_stream<TY, TS, NMAT, EPI, BIAS, NB, TR, TO, NORM, NW>(AMK_ARGS);
-    return;
-  }
+          class TR, class TO, bool NORM, class NW, bool XR, bool KS>
+__device__ __forceinline__ void mma_windowed(AMK_PARAMS) {
   constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = XR ? 1 : 2, SEG = KU * KB, MP = 8 * NB;
   constexpr bool PERM2 = QMODE == 2, PERM3 = QMODE == 3;
   static_assert(!XR || (QMODE == 0 && !NORM), "x through the ring: bf16 weights, no norm");
@@ -484,4 +478,14 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
     mma_epilogue<TY, TS, EPI, BIAS, NMAT, TR, TO, NORM>(d, P, part, rows16, MP, CH, m0, mc, N, n_off, n_tile, rinv);
   }
   AMK_MARK(4);
+}
+
+// The switch's entry: the windowed plans above, or (CS) the streamed one (gemv_stream.cuh).
+template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
+          class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false,
+          bool KS = false, bool CS = false>
+__device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
+  static_assert(!CS || (QMODE == 0 && !XR && !KS), "the streamed plan: bf16 weights, all of K");
+  if constexpr (CS) gemv_stream<TY, TS, NMAT, EPI, BIAS, NB, TR, TO, NORM, NW>(AMK_ARGS);
+  else mma_windowed<TY, TS, TZ, QMODE, NMAT, EPI, BIAS, ZEROS, NB, TR, TO, NORM, NW, XR, KS>(AMK_ARGS);
 }
