@@ -92,6 +92,12 @@ __device__ __forceinline__ int cs_stage_bytes(int nmat, int G, int nt8, int skb,
   return (nmat * G * 64 + nt8 * 32 + 4 * nv) * skb * 16;
 }
 
+// The k-stage a tile's s-th stage holds: K from stage `phase` on, around to the start.
+__device__ __forceinline__ int cs_kstage(int s, int phase, int nst) {
+  const int k = s + phase;
+  return k >= nst ? k - nst : k;
+}
+
 // ip: RD stages, SKB = 1 << SKB_LOG k-blocks a stage, RC rows a sweep (a multiple of 16).
 // P and the epilogues as op_gemv_mma's (EPI 3 over several sweeps: each sweep's best merged into
 // the row's slot by the lane that wrote it).
@@ -117,6 +123,10 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
   float* sq = (float*)(smem + region);                     // [KSPLIT][MP]
   float* rinv = sq + NWARPS * 64;
   float* best = rinv + 64;                                 // EPI 3: [MP][value, index]
+  // Each tile walks K from its own stage on (a hash of its index): tiles that start together
+  // read different k-blocks of their weights and of x, not the same L2 lines of x from every SM
+  // and the same column of every weight row at once (v51: a lockstep walk moved 8-14 GB/s an SM)
+  const int phase = (int)((((unsigned)(n_off / n_tile) * 2654435761u) >> 16) % (unsigned)nst);
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
@@ -133,7 +143,7 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
       __syncthreads();                                     // the last sweep's epilogue read part (the ring)
       for (int p = 0; p < RD - 1; p++) {
         if (p < nst) cs_issue<NMAT, NORM, NW>(ring + p * sbw, P, nw, rbytes, Kd, n_off + row0, rows, G, m0, mc, nt8,
-                                              skb_log, p);
+                                              skb_log, cs_kstage(p, phase, nst));
         cp_async_commit();
       }
       AMK_MARK(1);
@@ -143,13 +153,13 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
         __syncthreads();                                   // everyone's; and stage s - 1 is read
         const int sn = s + RD - 1;
         if (sn < nst) cs_issue<NMAT, NORM, NW>(ring + (sn % RD) * sbw, P, nw, rbytes, Kd, n_off + row0, rows, G, m0, mc,
-                                               nt8, skb_log, sn);
+                                               nt8, skb_log, cs_kstage(sn, phase, nst));
         cp_async_commit();
         if (!computes) continue;
         const char* stg = ring + (s % RD) * sbw;
 #pragma unroll 1
         for (int kb = 0; kb < skb; kb++) {
-          const int kbi = (s << skb_log) + kb;
+          const int kbi = (cs_kstage(s, phase, nst) << skb_log) + kb;
           if (kbi >= nkb) break;
           if (kbi % KSPLIT != slice) continue;
           const char* wa = stg + ((mat * G + grp) * skb + kb) * 1024 + lane * 16;
