@@ -192,7 +192,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
         direct = qdirect = False
         if not (0 <= klo < khi <= Kd and klo % SPLIT_K_ALIGN == 0 and khi % SPLIT_K_ALIGN == 0):
             fail(t, f"K slice [{klo}, {khi}) of K={Kd}: its ends must be multiples of {SPLIT_K_ALIGN}")
-    mma = (_mma_plan(x, w, out, M, khi - klo, n_tile, qmode, row_bytes, quant, ks)
+    mma = (_mma_plan(x, w, out, M, khi - klo, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
     if ks and mma is None:
         fail(t, f"a K slice runs on the tensor-core GEMV only (bf16 x, M > 1 or quantized weights); "
@@ -227,7 +227,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
 
 
 def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: int,
-              row_bytes: int, quant: bool, ks: bool) -> gemv_batch.MmaPlan | None:
+              row_bytes: int, quant: bool) -> gemv_batch.MmaPlan | None:
     """op_gemv_mma's plan for a GEMV it runs (gemv_batch.py), else None: bf16 x, whole 16-byte
     weight vectors a row, and quantized weights (any M) or bf16 weights with M > 1, or at M = 1
     with K past GEMV_X_MAX (op_gemv_direct and op_gemv stage all of x; op_gemv_mma takes it in
@@ -239,7 +239,7 @@ def _mma_plan(x: View, w: View, out: View, M: int, Kd: int, n_tile: int, qmode: 
         return None
     if not (quant or (w.dtype == DType.BF16 and (M > 1 or Kd > GEMV_X_MAX))):
         return None
-    return gemv_batch.plan(M, Kd, n_tile, 1, qmode, ks=ks)
+    return gemv_batch.plan(M, Kd, n_tile, 1, qmode)
 
 
 def _direct_fits(x_floats: int, n_tile: int, nseg: int) -> bool:

@@ -160,9 +160,9 @@ def cs_smem_bytes(M: int, nmat: int, rc: int, skb_log: int, rd: int, norm: bool)
     return -(-max(ring, NWARPS * 16 * mp * 4) // 16) * 16 + (NWARPS * 64 + 64 + 128) * 4
 
 
-def _takes_cs(M: int, qmode: int, ks: bool) -> bool:
-    """The streamed plan: bf16 weights, a batch of x rows (a K slice keeps the windowed plans)."""
-    return qmode == 0 and M > 1 and not ks
+def _takes_cs(M: int, qmode: int) -> bool:
+    """The streamed plan: bf16 weights, a batch of x rows (all of K or a split GEMV's slice)."""
+    return qmode == 0 and M > 1
 
 
 def _plan_cs(M: int, K: int, n_tile: int, nmat: int, norm: bool, budget: int) -> MmaPlan | None:
@@ -190,12 +190,12 @@ def _plan_cs(M: int, K: int, n_tile: int, nmat: int, norm: bool, budget: int) ->
 
 @functools.lru_cache(maxsize=None)
 def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
-         budget: int = BUDGET, ks: bool = False) -> MmaPlan | None:
+         budget: int = BUDGET) -> MmaPlan | None:
     """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes
-    of shared memory (ks: a K slice; None: no plan fits): a batched bf16 tile streams
+    of shared memory (None: no plan fits): a batched bf16 tile streams
     (_takes_cs, _plan_cs), every other tile takes x windows (plan_windowed). Memoised: one
     search a shape."""
-    if _takes_cs(M, qmode, ks):
+    if _takes_cs(M, qmode):
         cs = _plan_cs(M, K, n_tile, nmat, norm, budget)
         if cs is not None:
             return cs
@@ -279,7 +279,7 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
     """The plan of an op_gemv_mma step once a fold changes its matrices or adds the norm, or in
     a smaller budget."""
     return plan(ip["M"], ip.get("KHI", ip["K"]) - ip.get("KLO", 0), ip["N_TILE"], nmat or v.arg("nmat"),
-                v.arg("qmode"), v.arg("norm") if norm is None else norm, budget, bool(v.arg("ks")))
+                v.arg("qmode"), v.arg("norm") if norm is None else norm, budget)
 
 
 def step_bytes(v: Variant, ip: dict) -> int:

@@ -335,7 +335,7 @@ __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 
 // P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
 // then the outputs. KS: only K's slice [KLO, KHI) (ip; a split GEMV's partial sums, passes/tile.py,
 // whole segments): x's rows and the weights' keep their strides, k stays absolute.
-template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, class TO, bool NORM, class NW>
+template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, class TO, bool NORM, class NW, bool KS>
 __device__ __forceinline__ void gemv_stream(AMK_PARAMS);   // gemv_stream.cuh, after this file
 
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
@@ -485,7 +485,7 @@ template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS,
           class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false,
           bool KS = false, bool CS = false>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
-  static_assert(!CS || (QMODE == 0 && !XR && !KS), "the streamed plan: bf16 weights, all of K");
-  if constexpr (CS) gemv_stream<TY, TS, NMAT, EPI, BIAS, NB, TR, TO, NORM, NW>(AMK_ARGS);
+  static_assert(!CS || (QMODE == 0 && !XR), "the streamed plan: bf16 weights");
+  if constexpr (CS) gemv_stream<TY, TS, NMAT, EPI, BIAS, NB, TR, TO, NORM, NW, KS>(AMK_ARGS);
   else mma_windowed<TY, TS, TZ, QMODE, NMAT, EPI, BIAS, ZEROS, NB, TR, TO, NORM, NW, XR, KS>(AMK_ARGS);
 }

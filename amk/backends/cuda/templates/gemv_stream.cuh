@@ -29,14 +29,16 @@ __device__ __forceinline__ void cs_wait(int ahead) {       // at most `ahead` gr
   }
 }
 
-// The copies of stage s (k-blocks [s SKB, s SKB + SKB) of K) into st, each thread its 16-byte
-// chunks (W, X, NW as above); weight rows past the sweep are not copied (their sums are never
-// read), x rows past the pass and vectors past K are zeros (the mma adds them).
+// The copies of stage s (k-blocks [s SKB, s SKB + SKB) of K's slice [klo, khi): all of K but in
+// a split GEMV) into st, each thread its 16-byte chunks (W, X, NW as above); weight rows past the
+// sweep are not copied (their sums are never read), x rows past the pass and vectors past the
+// slice are zeros (the mma adds them). k is absolute: x's rows are Kd long.
 template <int NMAT, bool NORM, class NW>
-__device__ __forceinline__ void cs_issue(char* st, void* const* P, const NW* nw, long long rbytes, int Kd,
-                                         int row0, int rows, int G, int m0, int mc, int nt8, int skb_log, int s) {
+__device__ __forceinline__ void cs_issue(char* st, void* const* P, const NW* nw, long long rbytes, int Kd, int klo,
+                                         int khi, int row0, int rows, int G, int m0, int mc, int nt8, int skb_log,
+                                         int s) {
   constexpr int NV = sizeof(NW) / 2;                       // 16-byte pieces of 8 norm-weight elements
-  const int skb = 1 << skb_log, k0 = (s << skb_log) * 32;
+  const int skb = 1 << skb_log, k0 = klo + (s << skb_log) * 32;
   const int wch = NMAT * G * skb * 64, xch = nt8 * skb * 32, total = wch + xch + (NORM ? skb * 4 * NV : 0);
   const bf16* x = (const bf16*)P[0];
 #pragma unroll 1
@@ -46,15 +48,15 @@ __device__ __forceinline__ void cs_issue(char* st, void* const* P, const NW* nw,
       const int mg = i >> (6 + skb_log), kb = (i >> 6) & (skb - 1), h = (i >> 5) & 1;
       const int mat = NMAT == 2 && mg >= G ? 1 : 0, r = (mg - mat * G) * 16 + 8 * h + g, k = k0 + kb * 32 + t * 8;
       const char* W = (const char*)P[1 + mat];
-      if (k >= Kd) cp_async16_zero(st + i * 16, W);
+      if (k >= khi) cp_async16_zero(st + i * 16, W);
       else if (r < rows) cp_async16(st + i * 16, W + (long long)(row0 + r) * rbytes + (long long)k * 2);
     } else if (i < wch + xch) {
       const int j = i - wch, kb = (j >> 5) & (skb - 1), m = (j >> (5 + skb_log)) * 8 + g, k = k0 + kb * 32 + t * 8;
-      if (k >= Kd || m >= mc) cp_async16_zero(st + i * 16, x);
+      if (k >= khi || m >= mc) cp_async16_zero(st + i * 16, x);
       else cp_async16(st + i * 16, x + (long long)(m0 + m) * Kd + k);
     } else if (NORM) {
       const int j = i - wch - xch, k = k0 + j * (8 / NV);  // [kb][t][NV]: 8 / NV elements a piece, in K's order
-      if (k >= Kd) cp_async16_zero(st + i * 16, nw);
+      if (k >= khi) cp_async16_zero(st + i * 16, nw);
       else cp_async16(st + i * 16, nw + k);
     }
   }
@@ -98,17 +100,19 @@ __device__ __forceinline__ int cs_kstage(int s, int phase, int nst) {
   return k >= nst ? k - nst : k;
 }
 
-// ip: RD stages, SKB = 1 << SKB_LOG k-blocks a stage, RC rows a sweep (a multiple of 16).
-// P and the epilogues as op_gemv_mma's (EPI 3 over several sweeps: each sweep's best merged into
+// ip: RD stages, SKB = 1 << SKB_LOG k-blocks a stage, RC rows a sweep (a multiple of 16); KS:
+// only K's slice [KLO, KHI) (a split GEMV's partial sums). P and the epilogues as op_gemv_mma's (EPI 3 over several sweeps: each sweep's best merged into
 // the row's slot by the lane that wrote it).
-template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, class TO, bool NORM, class NW>
+template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, class TO, bool NORM, class NW, bool KS>
 __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
   constexpr int NV = sizeof(NW) / 2;
+  static_assert(!KS || !NORM, "a K slice has no whole rows to normalise");
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
+  const int KLO = KS ? d.ip[P_GEMV_KLO] : 0, KHI = KS ? d.ip[P_GEMV_KHI] : Kd;
   const int n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const int RD = d.ip[P_GEMV_RD], skb_log = d.ip[P_GEMV_SKB], RC = d.ip[P_GEMV_RC];
   const long long rbytes = (long long)d.ip[P_GEMV_LDW] * 2;
-  const int skb = 1 << skb_log, nkb = (Kd + 31) / 32, nst = (nkb + skb - 1) >> skb_log;
+  const int skb = 1 << skb_log, nkb = (KHI - KLO + 31) / 32, nst = (nkb + skb - 1) >> skb_log;
   const int MP = M < 64 ? (M + 7) & ~7 : 64, nt8 = MP / 8;
   const int G0 = RC / 16;                                  // groups of a full sweep
   const NW* nw = (const NW*)P[d.n_in - 1];
@@ -142,8 +146,8 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
       for (int b = 0; b < NB; b++) { acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f; ss[b] = 0.f; }
       __syncthreads();                                     // the last sweep's epilogue read part (the ring)
       for (int p = 0; p < RD - 1; p++) {
-        if (p < nst) cs_issue<NMAT, NORM, NW>(ring + p * sbw, P, nw, rbytes, Kd, n_off + row0, rows, G, m0, mc, nt8,
-                                              skb_log, cs_kstage(p, phase, nst));
+        if (p < nst) cs_issue<NMAT, NORM, NW>(ring + p * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows, G, m0,
+                                              mc, nt8, skb_log, cs_kstage(p, phase, nst));
         cp_async_commit();
       }
       AMK_MARK(1);
@@ -152,8 +156,8 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
         cs_wait(RD - 2);                                   // stage s is in (this thread's copies)
         __syncthreads();                                   // everyone's; and stage s - 1 is read
         const int sn = s + RD - 1;
-        if (sn < nst) cs_issue<NMAT, NORM, NW>(ring + (sn % RD) * sbw, P, nw, rbytes, Kd, n_off + row0, rows, G, m0, mc,
-                                               nt8, skb_log, cs_kstage(sn, phase, nst));
+        if (sn < nst) cs_issue<NMAT, NORM, NW>(ring + (sn % RD) * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows,
+                                               G, m0, mc, nt8, skb_log, cs_kstage(sn, phase, nst));
         cp_async_commit();
         if (!computes) continue;
         const char* stg = ring + (s % RD) * sbw;
