@@ -32,28 +32,32 @@ __device__ __forceinline__ void cs_wait(int ahead) {       // at most `ahead` gr
 // The copies of stage s (k-blocks [s SKB, s SKB + SKB) of K's slice [klo, khi): all of K but in
 // a split GEMV) into st, each thread its 16-byte chunks (W, X, NW as above); weight rows past the
 // sweep are not copied (their sums are never read), x rows past the pass and vectors past the
-// slice are zeros (the mma adds them). k is absolute: x's rows are Kd long.
+// slice are zeros (the mma adds them). k is absolute: x's rows are Kd long. Chunk i reads vector
+// c = i mod SKB 4 of row i / (SKB 4): a warp's 32 copies read whole 128-byte lines of a few rows
+// (SKB >= 2), not 64 bytes of 8 rows each, and write the fragment order's 16-byte slots.
 template <int NMAT, bool NORM, class NW>
 __device__ __forceinline__ void cs_issue(char* st, void* const* P, const NW* nw, long long rbytes, int Kd, int klo,
                                          int khi, int row0, int rows, int G, int m0, int mc, int nt8, int skb_log,
                                          int s) {
   constexpr int NV = sizeof(NW) / 2;                       // 16-byte pieces of 8 norm-weight elements
-  const int skb = 1 << skb_log, k0 = klo + (s << skb_log) * 32;
+  const int skb = 1 << skb_log, k0 = klo + (s << skb_log) * 32, rlog = skb_log + 2;
   const int wch = NMAT * G * skb * 64, xch = nt8 * skb * 32, total = wch + xch + (NORM ? skb * 4 * NV : 0);
   const bf16* x = (const bf16*)P[0];
 #pragma unroll 1
   for (int i = threadIdx.x; i < total; i += NT) {
-    const int lane = i & 31, g = lane >> 2, t = lane & 3;  // wch and xch are multiples of 32
     if (i < wch) {
-      const int mg = i >> (6 + skb_log), kb = (i >> 6) & (skb - 1), h = (i >> 5) & 1;
-      const int mat = NMAT == 2 && mg >= G ? 1 : 0, r = (mg - mat * G) * 16 + 8 * h + g, k = k0 + kb * 32 + t * 8;
+      const int c = i & ((1 << rlog) - 1), ra = i >> rlog, mg = ra >> 4, k = k0 + c * 8;
+      const int slot = (((mg << skb_log) + (c >> 2)) * 2 + ((ra >> 3) & 1)) * 32 + (ra & 7) * 4 + (c & 3);
+      const int mat = NMAT == 2 && mg >= G ? 1 : 0, r = ra - mat * G * 16;
       const char* W = (const char*)P[1 + mat];
-      if (k >= khi) cp_async16_zero(st + i * 16, W);
-      else if (r < rows) cp_async16(st + i * 16, W + (long long)(row0 + r) * rbytes + (long long)k * 2);
+      if (k >= khi) cp_async16_zero(st + slot * 16, W);
+      else if (r < rows) cp_async16(st + slot * 16, W + (long long)(row0 + r) * rbytes + (long long)k * 2);
     } else if (i < wch + xch) {
-      const int j = i - wch, kb = (j >> 5) & (skb - 1), m = (j >> (5 + skb_log)) * 8 + g, k = k0 + kb * 32 + t * 8;
-      if (k >= khi || m >= mc) cp_async16_zero(st + i * 16, x);
-      else cp_async16(st + i * 16, x + (long long)(m0 + m) * Kd + k);
+      const int j = i - wch, c = j & ((1 << rlog) - 1), m = j >> rlog, k = k0 + c * 8;
+      const int slot = (((m >> 3) << skb_log) + (c >> 2)) * 32 + (m & 7) * 4 + (c & 3);
+      char* dst = st + wch * 16 + slot * 16;
+      if (k >= khi || m >= mc) cp_async16_zero(dst, x);
+      else cp_async16(dst, x + (long long)(m0 + m) * Kd + k);
     } else if (NORM) {
       const int j = i - wch - xch, k = k0 + j * (8 / NV);  // [kb][t][NV]: 8 / NV elements a piece, in K's order
       if (k >= khi) cp_async16_zero(st + i * 16, nw);
@@ -101,8 +105,9 @@ __device__ __forceinline__ int cs_kstage(int s, int phase, int nst) {
 }
 
 // ip: RD stages, SKB = 1 << SKB_LOG k-blocks a stage, RC rows a sweep (a multiple of 16); KS:
-// only K's slice [KLO, KHI) (a split GEMV's partial sums). P and the epilogues as op_gemv_mma's (EPI 3 over several sweeps: each sweep's best merged into
-// the row's slot by the lane that wrote it).
+// only K's slice [KLO, KHI) (a split GEMV's partial sums). P and the epilogues as op_gemv_mma's
+// (EPI 3 over several sweeps: each sweep's best merged into the row's slot by the lane that
+// wrote it).
 template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, class TO, bool NORM, class NW, bool KS>
 __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
   constexpr int NV = sizeof(NW) / 2;
@@ -195,8 +200,10 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
         for (int b = 0; b < NB; b++) {
           if (b >= nt8) break;
 #pragma unroll
-          for (int e = 0; e < 4; e++)
-            part[mma_slot(slice, b * 8 + 2 * t + (e & 1), mat, grp * 16 + g + 8 * (e >> 1), MP, NMAT, rows16)] = acc[b][e];
+          for (int e = 0; e < 4; e++) {
+            const int m = b * 8 + 2 * t + (e & 1), r = grp * 16 + g + 8 * (e >> 1);
+            part[mma_slot(slice, m, mat, r, MP, NMAT, rows16)] = acc[b][e];
+          }
           if (ssq) {                                       // the row's 4 lanes' vectors, then its slot
             float v = ss[b];
             v += __shfl_xor_sync(0xffffffffu, v, 1);
