@@ -13,9 +13,11 @@
 // block a warp); its outputs are BLK = NMAT x groups blocks of (16 rows, NB n-tiles of 8 x rows);
 // warp w takes block w % BLK and, where BLK < NWARPS, the k-blocks kbi = w / BLK (mod KSPLIT):
 // the slices' sums are mma_epilogue's chunks (CH = KSPLIT), added in a fixed order: bit-stable.
-// NORM: x times the norm weight as each lane reads it (bf16(x w), as mma_stage_xn stages it), the
-// rows' sums of squares from the same reads (the block of matrix 0, group 0 in the first sweep),
-// 1 / rms on the sums in the epilogue.
+// NORM: x times the norm weight as each lane reads it (bf16(x w), as mma_stage_xn stages it);
+// each row's sum of squares over the first sweep's stages by NT / MP threads a row (each its
+// chunks of a stage, in order; then the threads in order: bit-stable), 1 / rms on the sums in
+// the epilogue. Every warp takes a share, so no warp's stage is longer (the barrier waits for
+// the slowest), and no accumulator a lane is kept for it.
 
 __device__ __forceinline__ void cs_wait(int ahead) {       // at most `ahead` groups still in flight
   switch (ahead) {
@@ -110,7 +112,8 @@ __device__ __forceinline__ int cs_kstage(int s, int phase, int nst) {
 // wrote it).
 template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, class TO, bool NORM, class NW, bool KS>
 __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
-  constexpr int NV = sizeof(NW) / 2, CS_NX = NB < 4 ? NB : 4;
+  // CS_NX n-tiles of x in registers at once: 4 (2 with EPI 3, whose argmax merge spilled 24 B)
+  constexpr int NV = sizeof(NW) / 2, CS_NX = NB < 4 ? NB : EPI == 3 ? 2 : 4;
   static_assert(!KS || !NORM, "a K slice has no whole rows to normalise");
   const int M = d.ip[P_GEMV_M], Kd = d.ip[P_GEMV_K], N = d.ip[P_GEMV_N];
   const int KLO = KS ? d.ip[P_GEMV_KLO] : 0, KHI = KS ? d.ip[P_GEMV_KHI] : Kd;
@@ -129,13 +132,14 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
   const int region = ((ring_bytes > sums ? ring_bytes : sums) + 15) & ~15;
   char* ring = smem;
   float* part = (float*)smem;
-  float* sq = (float*)(smem + region);                     // [KSPLIT][MP]
+  float* sq = (float*)(smem + region);                     // [SQT][MP]
   float* rinv = sq + NWARPS * 64;
   float* best = rinv + 64;                                 // EPI 3: [MP][value, index]
   // Each tile walks K from its own stage on (a hash of its index): tiles that start together
   // read different k-blocks of their weights and of x, not the same L2 lines of x from every SM
   // and the same column of every weight row at once (v51: a lockstep walk moved 8-14 GB/s an SM)
   const int phase = (int)((((unsigned)(n_off / n_tile) * 2654435761u) >> 16) % (unsigned)nst);
+  const int SQT = NT / MP, sm = threadIdx.x % MP, sj = threadIdx.x / MP;   // NORM: thread sj of row sm
   AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
@@ -143,12 +147,12 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
       const int rows = n_tile - row0 < RC ? n_tile - row0 : RC, G = (rows + 15) / 16;
       const int BLK = NMAT * G, KSPLIT = BLK >= NWARPS ? 1 : NWARPS / BLK;
       const int blk = warp % BLK, slice = warp / BLK, mat = blk / G, grp = blk - mat * G;
-      const bool computes = slice < KSPLIT, ssq = NORM && row0 == 0 && blk == 0;
+      const bool computes = slice < KSPLIT, ssq = NORM && row0 == 0 && sj < SQT;
       const int sbw = cs_stage_bytes(NMAT, G, nt8, skb, NORM ? NV : 0);   // this sweep's stage
       const int xoff = NMAT * G * skb * 64 * 16, noff = xoff + nt8 * skb * 32 * 16;
-      float acc[NB][4], ss[NB];
+      float acc[NB][4], ssr = 0.f;
 #pragma unroll
-      for (int b = 0; b < NB; b++) { acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f; ss[b] = 0.f; }
+      for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
       __syncthreads();                                     // the last sweep's epilogue read part (the ring)
       for (int p = 0; p < RD - 1; p++) {
         if (p < nst) cs_issue<NMAT, NORM, NW>(ring + p * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows, G, m0,
@@ -164,8 +168,14 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
         if (sn < nst) cs_issue<NMAT, NORM, NW>(ring + (sn % RD) * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows,
                                                G, m0, mc, nt8, skb_log, cs_kstage(sn, phase, nst));
         cp_async_commit();
-        if (!computes) continue;
         const char* stg = ring + (s % RD) * sbw;
+        if (ssq)                                           // row sm's chunks sj, sj + SQT, ... of the stage
+#pragma unroll 1
+          for (int c = sj; c < skb * 4; c += SQT) {
+            const int slot = (((sm >> 3) << skb_log) + (c >> 2)) * 32 + (sm & 7) * 4 + (c & 3);   // cs_issue's
+            ssr += cs_sumsq(*(const uint4*)(stg + xoff + slot * 16));
+          }
+        if (!computes) continue;
         // this warp's k-blocks of the stage: kbi = ks0 + kb with kbi = slice (mod KSPLIT); each
         // k-block's shared-memory reads issued together, then its mma (one load latency a
         // k-block, not one an n-tile: v52 measured the loop without its mma 2.4 ms faster)
@@ -181,19 +191,15 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
 #pragma unroll
             for (int v = 0; v < NV; v++) wv[v] = *(const uint4*)(stg + noff + ((kb * 4 + t) * NV + v) * 16);
 #pragma unroll
-          for (int b0 = 0; b0 < NB; b0 += CS_NX) {           // CS_NX n-tiles' x at once (registers)
+          for (int b0 = 0; b0 < NB; b0 += CS_NX) {
             uint4 xv[CS_NX];
 #pragma unroll
             for (int j = 0; j < CS_NX; j++)
               xv[j] = b0 + j < nt8 ? *(const uint4*)(stg + xoff + (((b0 + j) * skb + kb) * 32 + lane) * 16)
                                    : make_uint4(0u, 0u, 0u, 0u);
-            if (NORM) {
-              if (ssq)
-#pragma unroll
-                for (int j = 0; j < CS_NX; j++) ss[b0 + j] += cs_sumsq(xv[j]);
+            if (NORM)
 #pragma unroll
               for (int j = 0; j < CS_NX; j++) xv[j] = cs_times_w<NW>(xv[j], wv);
-            }
 #pragma unroll
             for (int j = 0; j < CS_NX; j++) {
               if (b0 + j < nt8) {
@@ -218,19 +224,14 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
             const int m = b * 8 + 2 * t + (e & 1), r = grp * 16 + g + 8 * (e >> 1);
             part[mma_slot(slice, m, mat, r, MP, NMAT, rows16)] = acc[b][e];
           }
-          if (ssq) {                                       // the row's 4 lanes' vectors, then its slot
-            float v = ss[b];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0) sq[slice * 64 + b * 8 + g] = v;
-          }
         }
       }
+      if (ssq) sq[sj * MP + sm] = ssr;
       __syncthreads();
-      if (NORM && row0 == 0) {                             // 1 / rms of each row: its slices in order
+      if (NORM && row0 == 0) {                             // 1 / rms of each row: its threads' sums in order
         if (threadIdx.x < mc) {
           float s2 = 0.f;
-          for (int k = 0; k < KSPLIT; k++) s2 += sq[k * 64 + threadIdx.x];
+          for (int k = 0; k < SQT; k++) s2 += sq[k * MP + threadIdx.x];
           rinv[threadIdx.x] = rsqrtf(s2 / (float)Kd + d.fp[F_GEMV_EPS]);
         }
         __syncthreads();
