@@ -5,6 +5,7 @@
 // barrier a stage. x is never staged whole (the windowed plans stage it before their loop: at
 // batch 64, 23-45 us of a q/k/v or gate/up tile, NOTES v50), and no warp reads x from global
 // again for its own weight rows (XR's per-warp rings do).
+// Stages complete on mbarriers (full and empty a slot, below), not on a CTA barrier.
 // A stage in fragment order, so every lane's 16-byte reads are conflict-free:
 //   W  [mat][grp][kb][h][lane]  rows grp 16 + g + 8 h, vector t of k-block kb  (h, g, t as mma's)
 //   X  [nt][kb][lane]           x row nt 8 + g, vector t
@@ -19,16 +20,16 @@
 // the epilogue. Every warp takes a share, so no warp's stage is longer (the barrier waits for
 // the slowest), and no accumulator a lane is kept for it.
 
-__device__ __forceinline__ void cs_wait(int ahead) {       // at most `ahead` groups still in flight
-  switch (ahead) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    default: cp_async_wait<6>(); break;
-  }
+// Stage completion by mbarriers, not one CTA barrier a stage: full[r] completes a phase when every
+// thread's copies of the stage in slot r have landed (cp.async's arrive, count NT); empty[r] when
+// every warp has read it (count NWARPS). A warp starts a stage once its bytes are in, and a slot is
+// refilled once its last reader is done, so the warps drift by up to a stage instead of waiting
+// for the slowest at every stage (v52: no barrier at all was 0.45 ms faster at batch 64).
+__device__ __forceinline__ void cp_async_arrive(unsigned long long* b) {   // when this thread's copies land
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_inval(unsigned long long* b) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(smem_u32(b)) : "memory");
 }
 
 // The copies of stage s (k-blocks [s SKB, s SKB + SKB) of K's slice [klo, khi): all of K but in
@@ -135,6 +136,9 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
   float* sq = (float*)(smem + region);                     // [SQT][MP]
   float* rinv = sq + NWARPS * 64;
   float* best = rinv + 64;                                 // EPI 3: [MP][value, index]
+  // the slots' mbarriers, above sq's NT floats (sq is read only after the loop)
+  unsigned long long* full = (unsigned long long*)(sq + NT);
+  unsigned long long* empty = full + 8;                    // CS_RD_MAX slots
   // Each tile walks K from its own stage on (a hash of its index): tiles that start together
   // read different k-blocks of their weights and of x, not the same L2 lines of x from every SM
   // and the same column of every weight row at once (v51: a lockstep walk moved 8-14 GB/s an SM)
@@ -153,21 +157,20 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
       float acc[NB][4], ssr = 0.f;
 #pragma unroll
       for (int b = 0; b < NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
-      __syncthreads();                                     // the last sweep's epilogue read part (the ring)
-      for (int p = 0; p < RD - 1; p++) {
-        if (p < nst) cs_issue<NMAT, NORM, NW>(ring + p * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows, G, m0,
-                                              mc, nt8, skb_log, cs_kstage(p, phase, nst));
-        cp_async_commit();
+      if (threadIdx.x == 0)
+        for (int r = 0; r < RD; r++) { mbar_init(&full[r], NT); mbar_init(&empty[r], NWARPS); }
+      __syncthreads();                                     // the last sweep's epilogue read part; the barriers set
+      // the first RD - 1 stages (an arrival only with a stage: one without could land after the
+      // next sweep's init)
+      for (int p = 0; p < RD - 1 && p < nst; p++) {
+        cs_issue<NMAT, NORM, NW>(ring + p * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows, G, m0, mc, nt8,
+                                 skb_log, cs_kstage(p, phase, nst));
+        cp_async_arrive(&full[p]);
       }
       AMK_MARK(1);
 #pragma unroll 1
       for (int s = 0; s < nst; s++) {
-        cs_wait(RD - 2);                                   // stage s is in (this thread's copies)
-        __syncthreads();                                   // everyone's; and stage s - 1 is read
-        const int sn = s + RD - 1;
-        if (sn < nst) cs_issue<NMAT, NORM, NW>(ring + (sn % RD) * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows,
-                                               G, m0, mc, nt8, skb_log, cs_kstage(sn, phase, nst));
-        cp_async_commit();
+        if (!mbar_wait(&full[s % RD], (unsigned)(s / RD) & 1u)) break;   // every thread's copies of stage s
         const char* stg = ring + (s % RD) * sbw;
         if (ssq)                                           // row sm's chunks sj, sj + SQT, ... of the stage
 #pragma unroll 1
@@ -175,43 +178,54 @@ __device__ __forceinline__ void gemv_stream(AMK_PARAMS) {
             const int slot = (((sm >> 3) << skb_log) + (c >> 2)) * 32 + (sm & 7) * 4 + (c & 3);   // cs_issue's
             ssr += cs_sumsq(*(const uint4*)(stg + xoff + slot * 16));
           }
-        if (!computes) continue;
-        // this warp's k-blocks of the stage: kbi = ks0 + kb with kbi = slice (mod KSPLIT); each
-        // k-block's shared-memory reads issued together, then its mma (one load latency a
-        // k-block, not one an n-tile: v52 measured the loop without its mma 2.4 ms faster)
-        const int ks0 = cs_kstage(s, phase, nst) << skb_log;
-        int kb = slice - ks0 % KSPLIT;
-        if (kb < 0) kb += KSPLIT;
+        if (computes) {
+          // this warp's k-blocks of the stage: kbi = ks0 + kb with kbi = slice (mod KSPLIT); each
+          // k-block's shared-memory reads issued together, then its mma (one load latency a
+          // k-block, not one an n-tile: v52 measured the loop without its mma 2.4 ms faster)
+          const int ks0 = cs_kstage(s, phase, nst) << skb_log;
+          int kb = slice - ks0 % KSPLIT;
+          if (kb < 0) kb += KSPLIT;
 #pragma unroll 1
-        for (; kb < skb && ks0 + kb < nkb; kb += KSPLIT) {
-          const char* wa = stg + ((mat * G + grp) * skb + kb) * 1024 + lane * 16;
-          const uint4 a0 = *(const uint4*)wa, a1 = *(const uint4*)(wa + 512);
-          uint4 wv[NV];
-          if (NORM)
-#pragma unroll
-            for (int v = 0; v < NV; v++) wv[v] = *(const uint4*)(stg + noff + ((kb * 4 + t) * NV + v) * 16);
-#pragma unroll
-          for (int b0 = 0; b0 < NB; b0 += CS_NX) {
-            uint4 xv[CS_NX];
-#pragma unroll
-            for (int j = 0; j < CS_NX; j++)
-              xv[j] = b0 + j < nt8 ? *(const uint4*)(stg + xoff + (((b0 + j) * skb + kb) * 32 + lane) * 16)
-                                   : make_uint4(0u, 0u, 0u, 0u);
+          for (; kb < skb && ks0 + kb < nkb; kb += KSPLIT) {
+            const char* wa = stg + ((mat * G + grp) * skb + kb) * 1024 + lane * 16;
+            const uint4 a0 = *(const uint4*)wa, a1 = *(const uint4*)(wa + 512);
+            uint4 wv[NV];
             if (NORM)
 #pragma unroll
-              for (int j = 0; j < CS_NX; j++) xv[j] = cs_times_w<NW>(xv[j], wv);
+              for (int v = 0; v < NV; v++) wv[v] = *(const uint4*)(stg + noff + ((kb * 4 + t) * NV + v) * 16);
 #pragma unroll
-            for (int j = 0; j < CS_NX; j++) {
-              if (b0 + j < nt8) {
-                mma_bf16(acc[b0 + j], a0.x, a1.x, a0.y, a1.y, xv[j].x, xv[j].y);
-                mma_bf16(acc[b0 + j], a0.z, a1.z, a0.w, a1.w, xv[j].z, xv[j].w);
+            for (int b0 = 0; b0 < NB; b0 += CS_NX) {
+              uint4 xv[CS_NX];
+#pragma unroll
+              for (int j = 0; j < CS_NX; j++)
+                xv[j] = b0 + j < nt8 ? *(const uint4*)(stg + xoff + (((b0 + j) * skb + kb) * 32 + lane) * 16)
+                                     : make_uint4(0u, 0u, 0u, 0u);
+              if (NORM)
+#pragma unroll
+                for (int j = 0; j < CS_NX; j++) xv[j] = cs_times_w<NW>(xv[j], wv);
+#pragma unroll
+              for (int j = 0; j < CS_NX; j++) {
+                if (b0 + j < nt8) {
+                  mma_bf16(acc[b0 + j], a0.x, a1.x, a0.y, a1.y, xv[j].x, xv[j].y);
+                  mma_bf16(acc[b0 + j], a0.z, a1.z, a0.w, a1.w, xv[j].z, xv[j].w);
+                }
               }
             }
           }
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s % RD]);         // this warp is done with stage s
+        const int sn = s + RD - 1;                         // into the slot of stage s - 1, once it is read
+        if (sn < nst) {
+          if (sn >= RD && !mbar_wait(&empty[sn % RD], (unsigned)(sn / RD - 1) & 1u)) break;
+          cs_issue<NMAT, NORM, NW>(ring + (sn % RD) * sbw, P, nw, rbytes, Kd, KLO, KHI, n_off + row0, rows, G, m0, mc,
+                                   nt8, skb_log, cs_kstage(sn, phase, nst));
+          cp_async_arrive(&full[sn % RD]);
+        }
       }
-      cp_async_wait<0>();                                  // the empty groups past the last stage
       __syncthreads();                                     // every stage read: part may take the ring
+      if (threadIdx.x == 0)
+        for (int r = 0; r < RD; r++) { mbar_inval(&full[r]); mbar_inval(&empty[r]); }
       AMK_MARK(2);
       const int rows16 = G * 16;
       if (computes) {
