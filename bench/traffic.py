@@ -9,9 +9,7 @@ K-slices: x / C a tile, its outputs as C fp32 partials to add). The plan columns
 CUDA lowering of the same program: the GEMV function a tile runs and, for the tensor-core GEMV
 (op_gemv_mma, gemv_batch.plan), its passes over the weights (8 NB rows of x a pass: each pass
 reads the tile's weights again), x windows and ring stages a warp (1: no load in flight while
-it computes), or for the streamed plan (bf16 batches: 64 rows of x a pass) its sweeps over the
-tile's rows and its CTA-wide stages; "SM reads" = weights x passes + activations, what the tile
-pulls into its SM (a streamed tile reads x again each sweep: not counted).
+it computes); "SM reads" = weights x passes + activations, what the tile pulls into its SM.
 A folded split-KV combine (the o tiles at batch 1) is counted with every shard's partial; at run
 time it reads only the live ones (regions.live_shards: one at context 128, P at P x 128 rows).
 
@@ -99,11 +97,7 @@ def tile_plan(low, tid: int) -> tuple[str, int]:
             continue
         if v.fn != "op_gemv_mma":
             return v.fn, 1
-        ip = {n: int(s["ip"][abi.ip_index("GEMV", n)]) for n in ("M", "K", "KW", "RD", "KLO", "KHI", "SKB", "RC")}
-        if v.arg("cs"):                                              # streamed: 64 rows of x a pass
-            passes = -(-ip["M"] // 64)
-            return (f"mma streamed NB {v.arg('nb')}, {passes} pass(es), sweeps of {ip['RC']} rows, "
-                    f"stages of {32 << ip['SKB']} k x {ip['RD']}"), passes
+        ip = {n: int(s["ip"][abi.ip_index("GEMV", n)]) for n in ("M", "K", "KW", "RD", "KLO", "KHI")}
         k = ip["KHI"] - ip["KLO"] if v.arg("ks") else ip["K"]        # a K slice's share of K
         passes = -(-ip["M"] // (8 * v.arg("nb")))
         windows = "x in the ring" if v.arg("xr") else f"{-(-k // ip['KW'])} window(s)"

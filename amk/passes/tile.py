@@ -84,7 +84,7 @@ def _stage_cols(program: Program) -> dict[int, int]:
 
 NORMS = (K.RMSNORM, K.LAYERNORM)
 SPLIT_K_ALIGN = 256               # a K slice's columns: whole segments of every GEMV kernel
-SPLIT_K_ROWS_MAX = 64             # rows of x the bytes rule splits at most (bf16 weights only)
+SPLIT_K_ROWS_MAX = 16             # rows of x the bytes rule splits at most (bf16 weights only)
 
 
 def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> int:
@@ -108,8 +108,8 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
     cs = [c for c in (4, 2) if legal and k % (c * SPLIT_K_ALIGN) == 0]
     if opts.k_split is not None:
         return int(opts.k_split) if int(opts.k_split) in cs else 1
-    if quant or m > SPLIT_K_ROWS_MAX:   # int4 at batch 16 measured +7% (NOTES v49); batch 64
-        return 1                        # +11% with x windows, -12% with CS's K slices (v52)
+    if quant or m > SPLIT_K_ROWS_MAX:   # measured slower there (NOTES v49): int4 at batch 16
+        return 1                        # +7%, batch 64 +11%, where bf16 at 16 won 3.5%
     t = opts.target
     # the SUM's stage: its task and a hand-off on each side, at one SM's share of the bandwidth
     # (3 overheads: batch 16 won, -3.5% on an H200 and -5.2% on an H100, saving 160 KB a tile;

@@ -27,7 +27,7 @@ from amk.backends.cuda.tables import Lowered
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
 TEMPLATE_FILES = ("common.cuh", "ring.cuh", "ops_simple.cuh", "ops_models.cuh", "gemv.cuh", "gemv_quant.cuh",
-                  "gemv_batch.cuh", "gemv_stream.cuh", "attention.cuh", "attention_mma.cuh", "scheduler.cu")
+                  "gemv_batch.cuh", "attention.cuh", "attention_mma.cuh", "scheduler.cu")
 
 
 @functools.lru_cache(maxsize=1)

@@ -249,7 +249,7 @@ def pair_gemvs(f: Fused) -> Fused:
         ip = dict(a.ip)
         if ga.fn == "op_gemv_mma":         # twice the sums: the plan may change, or not fit
             p = gemv_batch.replan(ga, ip, nmat=2)
-            if p is None or p.passes(ip["M"]) > _passes(ga, ip):   # not at the cost of a pass over the weights
+            if p is None or p.nb < ga.arg("nb"):      # not at the cost of a pass over the weights
                 return None
             ga, ip = gemv_batch.planned(ga, ip, p)
         elif ga.fn == "op_gemv_qdirect":   # an item's rows: half of them from each matrix
@@ -351,7 +351,7 @@ def norm_into_mma(f: Fused) -> Fused:
                 and all(v.ref != no[0].ref for v in ga[1:]) and not _read_later(no[0].ref, later)):
             return None
         p = gemv_batch.replan(g.variant, g.ip, norm=True)
-        if p is None or p.passes(g.ip["M"]) > _passes(g.variant, g.ip):   # not at the cost of a pass
+        if p is None or p.nb < g.variant.arg("nb"):   # not at the cost of a pass over the weights
             return None
         var, ip = gemv_batch.planned(g.variant, g.ip, p)
         e = Encoded(g.op, var.with_(norm=True, nw=ftype(None, na[1].dtype)), ip,
@@ -370,11 +370,6 @@ def unpad_shared_x(f: Fused) -> Fused:
         if e.is_fn("op_gemv_qdirect") and e.variant.arg("xpad") and shared:
             steps[i] = (replace(e, variant=e.variant.with_(xpad=False)), a, o)
     return Fused(steps, f.zero)
-
-
-def _passes(v: Variant, ip: dict) -> int:
-    """An op_gemv_mma step's passes over its weights."""
-    return -(-ip["M"] // (gemv_batch.CS_MP_MAX if v.arg("cs") else 8 * v.arg("nb")))
 
 
 def _mma(e: Encoded) -> Variant | None:

@@ -55,29 +55,13 @@ BUDGET = 196 << 10
 assert BUDGET <= SMEM_BYTES
 
 
-# The streamed plans (CS, templates/gemv_stream.cuh): rows of x a pass (accumulators: one block
-# of NB <= 8 n-tiles a warp), stages of the CTA's ring (cs_wait waits with up to 6 behind), the
-# bytes in flight a ring aims for (past them, fewer and larger stages: fewer barriers)
-CS_MP_MAX = 64
-CS_RD_MAX = 8
-CS_SKB_LOG_MAX = 3               # 8 k-blocks (256 elements of K) a stage
-CS_FLIGHT = 96 << 10
-
-
 @dataclass(frozen=True)
 class MmaPlan:
-    nb: int                      # n-tiles a pass (template NB); CS: n-tiles a warp's block
-    kw: int                      # x window (ip KW); CS: K
-    spi: int                     # K segments an item (ip SPI); CS: 1
-    rd: int                      # stages of each warp's weight ring (ip RD); CS: of the CTA's
+    nb: int                      # n-tiles a pass (template NB)
+    kw: int                      # x window (ip KW)
+    spi: int                     # K segments an item (ip SPI)
+    rd: int                      # stages of each warp's weight ring (ip RD)
     xr: bool = False             # x through the ring with the weights (template XR)
-    cs: bool = False             # streamed: x and weights in CTA-wide stages (template CS)
-    skb_log: int = 0             # CS: 1 << skb_log k-blocks of 32 elements a stage (ip SKB)
-    rc: int = 0                  # CS: the tile's rows a sweep (ip RC)
-
-    def passes(self, M: int) -> int:
-        """Passes over the weights for M rows of x."""
-        return -(-M // (CS_MP_MAX if self.cs else 8 * self.nb))
 
 
 def segment(qmode: int, xr: bool = False) -> int:
@@ -145,65 +129,9 @@ def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | 
     return min(fits, key=rank)
 
 
-def cs_stage_bytes(nmat: int, groups: int, nt8: int, skb: int, nv: int) -> int:
-    """A CS stage (the template's cs_stage_bytes): the sweep's weight rows (groups of 16), x's
-    nt8 n-tiles and (nv > 0: 16-byte pieces of 8 elements) the norm weight, over skb k-blocks."""
-    return (nmat * groups * 64 + nt8 * 32 + 4 * nv) * skb * 16
-
-
-def cs_smem_bytes(M: int, nmat: int, rc: int, skb_log: int, rd: int, norm: bool) -> int:
-    """A CS plan's work area: the ring (or the sums, after it: at most NWARPS blocks of 16 rows
-    x MP), then the slices' sums of squares, 1 / rms and the argmax's best of each row (the norm
-    weight counted as fp32)."""
-    mp = min(CS_MP_MAX, -(-M // 8) * 8)
-    ring = rd * cs_stage_bytes(nmat, rc // 16, mp // 8, 1 << skb_log, 2 if norm else 0)
-    return -(-max(ring, NWARPS * 16 * mp * 4) // 16) * 16 + (NWARPS * 64 + 64 + 128) * 4
-
-
-def _takes_cs(M: int, qmode: int) -> bool:
-    """The streamed plan: bf16 weights, a batch of x rows (all of K or a split GEMV's slice)."""
-    return qmode == 0 and M > 1
-
-
-def _plan_cs(M: int, K: int, n_tile: int, nmat: int, norm: bool, budget: int) -> MmaPlan | None:
-    """The CS plan: sweeps of at most NWARPS blocks of 16 rows, as even as they come; then the
-    stage ring with CS_FLIGHT bytes in flight (or the most that fit), 4 stages or more, the
-    fewest stages (the largest), the deepest ring."""
-    mp = min(CS_MP_MAX, -(-M // 8) * 8)
-    nb = 1 << (mp // 8 - 1).bit_length()
-    rows16 = -(-n_tile // 16) * 16
-    sweeps = -(-rows16 // (NWARPS * 16 // nmat))
-    rc = -(-(-(-n_tile // sweeps)) // 16) * 16
-    nkb = -(-K // 32)
-    fits = [(lg, rd) for lg in range(CS_SKB_LOG_MAX + 1) for rd in range(2, CS_RD_MAX + 1)
-            if (1 << lg) <= nkb and cs_smem_bytes(M, nmat, rc, lg, rd, norm) <= budget]
-    if not fits:
-        return None
-
-    def rank(f):
-        lg, rd = f
-        flight = (rd - 1) * cs_stage_bytes(nmat, rc // 16, mp // 8, 1 << lg, 2 if norm else 0)
-        return -min(flight, CS_FLIGHT), rd < 4, -lg, -rd
-    lg, rd = min(fits, key=rank)
-    return MmaPlan(nb, K, 1, rd, cs=True, skb_log=lg, rc=rc)
-
-
 @functools.lru_cache(maxsize=None)
 def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
          budget: int = BUDGET) -> MmaPlan | None:
-    """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes
-    of shared memory (None: no plan fits): a batched bf16 tile streams
-    (_takes_cs, _plan_cs), every other tile takes x windows (plan_windowed). Memoised: one
-    search a shape."""
-    if _takes_cs(M, qmode):
-        cs = _plan_cs(M, K, n_tile, nmat, norm, budget)
-        if cs is not None:
-            return cs
-    return plan_windowed(M, K, n_tile, nmat, qmode, norm, budget)
-
-
-def plan_windowed(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
-                  budget: int = BUDGET) -> MmaPlan | None:
     """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes of
     shared memory (None: no plan fits; with the norm, one window unless that leaves a
     one-stage ring, NORM_WINDOWS_NB_MAX). The fewest passes over the weights first; then items
@@ -212,8 +140,8 @@ def plan_windowed(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool
     then at most WINDOWS_MAX windows; then rings of RD_GOOD stages (the loads in flight);
     then the fewest windows (a window is two barriers and its x staging); then the deepest
     ring; then the fewest segments a warp runs and the fewest chunks (the epilogue adds
-    them). Every plan that fits is ranked. A tile that takes x through the ring (_takes_xr)
-    gets its XR plan where one fits."""
+    them). Every plan that fits is ranked (memoised: one search a shape). A tile that takes
+    x through the ring (_takes_xr) gets its XR plan where one fits."""
     seg = segment(qmode)
     nseg = -(-K // seg)
     for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
@@ -253,25 +181,18 @@ def scales_vectors(qmode: int, group: int, ngroups: int) -> bool:
 
 
 def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, nb, tr="float", to=None,
-             norm=False, nw="float", xr=False, ks=False, cs=False) -> Variant:
-    """op_gemv_mma with every template argument, in its order (KS: a K slice, ip KLO / KHI; CS:
-    the streamed plan; each only where true, the template's defaulted false, so the other
-    variants' code is as before)."""
+             norm=False, nw="float", xr=False, ks=False) -> Variant:
+    """op_gemv_mma with every template argument, in its order (KS: a K slice, ip KLO / KHI;
+    without it the template's defaulted false, so the other variants' code is as before)."""
     v = Variant.of("op_gemv_mma", ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi, bias=bias,
                    zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw, xr=xr)
-    return _flags(v, ks, cs)
-
-
-def _flags(v: Variant, ks: bool, cs: bool) -> Variant:
-    """v with the trailing KS and CS as given: written only up to the last true one."""
-    base = Variant(v.fn, tuple((k, a) for k, a in v.args if k not in ("ks", "cs")))
-    return base.with_(ks=ks, cs=True) if cs else base.with_(ks=True) if ks else base
+    return v.with_(ks=True) if ks else v
 
 
 def planned(v: Variant, ip: dict, p: MmaPlan) -> tuple[Variant, dict]:
     """An op_gemv_mma step under plan p: its variant with p's template arguments, its ip with
     p's fields (a new dict)."""
-    return _flags(v.with_(nb=p.nb, xr=p.xr), bool(v.arg("ks")), p.cs), dict(ip, **plan_ip(p))
+    return v.with_(nb=p.nb, xr=p.xr), dict(ip, **plan_ip(p))
 
 
 def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None,
@@ -284,11 +205,9 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
 
 def step_bytes(v: Variant, ip: dict) -> int:
     """The work area an op_gemv_mma step's plan uses."""
-    if v.arg("cs"):
-        return cs_smem_bytes(ip["M"], v.arg("nmat"), ip["RC"], ip["SKB"], ip["RD"], v.arg("norm"))
     return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"],
                       v.arg("norm"), v.arg("xr"), -(-ip["K"] // ip["KW"]))
 
 
 def plan_ip(p: MmaPlan) -> dict:
-    return dict(KW=p.kw, SPI=p.spi, RD=p.rd, **(dict(SKB=p.skb_log, RC=p.rc) if p.cs else {}))
+    return dict(KW=p.kw, SPI=p.spi, RD=p.rd)

@@ -79,69 +79,44 @@ def test_every_mma_case_takes_op_gemv_mma():
         assert v.arg("qmode") == (0 if "bf16" in case.name else {"int8": 1, "int4": 2, "fp8": 3}[case.name.split("_")[1]])
 
 
-def test_windowed_plans_fit_the_work_area_and_take_the_fewest_passes():
-    """The windowed plans (quantized weights, and bf16 at M = 1): the fewest passes, x through
-    the ring where one 16-row group reads it, x windows where several do."""
-    plan = gemv_batch.plan_windowed
+def test_plans_fit_the_work_area_and_take_the_fewest_passes():
     for M, K, rows, nmat, q in ((16, 8192, 16, 1, 0), (16, 2048, 976, 1, 0), (64, 2048, 976, 1, 0),
                                 (16, 2048, 64, 2, 0), (64, 8192, 16, 1, 2), (1, 2048, 972, 1, 1)):
-        p = plan(M, K, rows, nmat, q)
-        assert p is not None and not p.cs
+        p = gemv_batch.plan(M, K, rows, nmat, q)
+        assert p is not None
         assert gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, rows, nmat, p.rd, xr=p.xr) <= gemv_batch.BUDGET
         if p.nb < gemv_batch.NB_MAX and 8 * p.nb < M:      # one more n-tile does not fit at all
-            assert plan(8 * (p.nb + 1), K, rows, nmat, q).nb == p.nb
+            assert gemv_batch.plan(8 * (p.nb + 1), K, rows, nmat, q).nb == p.nb
     # one 16-row group (down, o at batch 16): x through the ring with the weights, no window
-    down = plan(16, 8192, 16, 1, 0)
+    down = gemv_batch.plan(16, 8192, 16, 1, 0)
     assert down.xr and down.kw == 8192 and down.nb == 2 and down.rd >= gemv_batch.RD_GOOD
-    assert plan(64, 8192, 16, 1, 0).xr and plan(4, 2048, 32, 1, 0).xr
-    assert gemv_batch.plan(1, 32768, 16, 1, 0).xr                         # bf16 at M = 1: K past smem
+    assert gemv_batch.plan(64, 8192, 16, 1, 0).xr and gemv_batch.plan(4, 2048, 32, 1, 0).xr
     # x read by several groups, a norm, quantized weights: x windows
-    assert not any(plan(*a).xr for a in ((16, 2048, 64, 2, 0), (16, 2048, 976, 1, 0),
-                                         (16, 8192, 16, 1, 1), (64, 2048, 32, 1, 0)))
-    assert not plan(16, 8192, 16, 1, 0, norm=True).xr      # a norm stages its x
+    assert not any(gemv_batch.plan(*a).xr for a in ((16, 2048, 64, 2, 0), (16, 2048, 976, 1, 0),
+                                                    (16, 8192, 16, 1, 1), (64, 2048, 32, 1, 0)))
+    assert not gemv_batch.plan(16, 8192, 16, 1, 0, norm=True).xr      # a norm stages its x
     # a norm over windows (their sums of squares added) where one window is a 1-stage ring at
     # <= 16 rows a pass: the 8B gate/up at batch 16 in two windows of a 3-stage ring; not the
     # 1B gate/up at batch 64 (32 rows a pass) or the 1B LM head at batch 16 (one window, 2 stages)
-    p = plan(16, 4096, 56, 2, 0, norm=True)
+    p = gemv_batch.plan(16, 4096, 56, 2, 0, norm=True)
     assert p.kw < 4096 and p.rd >= gemv_batch.RD_GOOD and p.nb == 2, p
-    assert plan(64, 2048, 64, 2, 0, norm=True).kw == 2048
-    assert plan(16, 2048, 976, 1, 0, norm=True) == gemv_batch.MmaPlan(2, 2048, 32, 2)
-    assert plan(16, 2048, 24, 1, 0, norm=True).kw >= 2048
+    assert gemv_batch.plan(64, 2048, 64, 2, 0, norm=True).kw == 2048
+    assert gemv_batch.plan(16, 2048, 976, 1, 0, norm=True) == gemv_batch.MmaPlan(2, 2048, 32, 2)
+    assert gemv_batch.plan(16, 2048, 24, 1, 0, norm=True).kw >= 2048
 
 
-def test_windowed_plans_give_every_warp_an_item_where_a_window_can():
+def test_plans_give_every_warp_an_item_where_a_window_can():
     """The 1B step's GEMVs at batch 16 (down 16 rows of K 8192, gate/up 64 of two matrices, q
     24 with its norm, o 16): a window has an item for each of the CTA's warps (down and o
     through the ring in one window of 16 chunks; a tile of two groups in windows rather than
     one window of a few items)."""
-    plan = gemv_batch.plan_windowed
     for M, K, rows, nmat, norm in ((16, 8192, 16, 1, False), (16, 2048, 64, 2, True),
                                    (16, 2048, 24, 1, True), (16, 2048, 16, 1, False), (4, 8192, 16, 1, False)):
-        p = plan(M, K, rows, nmat, 0, norm=norm)
+        p = gemv_batch.plan(M, K, rows, nmat, 0, norm=norm)
         assert gemv_batch.items(0, p.kw, p.spi, rows, nmat, p.xr) >= gemv_batch.NWARPS, (M, K, rows, p)
         assert p.rd >= gemv_batch.RD_GOOD, (M, K, rows, p)       # loads in flight
-    p = plan(16, 8192, 32, 1, 0)                              # two groups: windows
+    p = gemv_batch.plan(16, 8192, 32, 1, 0)                              # two groups: windows
     assert not p.xr and -(-8192 // p.kw) <= gemv_batch.WINDOWS_MAX
-
-
-@pytest.mark.parametrize("M", [2, 5, 16, 64, 100])
-def test_batched_bf16_tiles_stream_in_one_pass_of_64_rows(M):
-    """A batched bf16 tile takes the streamed plan (gemv_stream.cuh): one pass over its weights
-    for every 64 rows of x, sweeps of at most one block of 16 rows a warp, a ring of 4 stages or
-    more with CS_FLIGHT bytes in flight where they fit, all within the budget (the norm, gate/up,
-    the LM head's 976 rows, K 8192)."""
-    for K, rows, nmat, norm in ((2048, 24, 1, True), (2048, 64, 2, True), (2048, 976, 1, True),
-                                (8192, 16, 1, False), (2048, 16, 1, False), (896, 40, 1, False)):
-        p = gemv_batch.plan(M, K, rows, nmat, 0, norm=norm)
-        assert p.cs and p.passes(M) == -(-M // 64), (M, K, rows, p)
-        assert gemv_batch.cs_smem_bytes(M, nmat, p.rc, p.skb_log, p.rd, norm) <= gemv_batch.BUDGET
-        assert p.rc % 16 == 0 and nmat * p.rc // 16 <= gemv_batch.NWARPS and p.rc >= min(rows, 16)
-        sweeps = -(-rows // p.rc)
-        assert sweeps == -(-(-(-rows // 16) * 16) // (gemv_batch.NWARPS * 16 // nmat))   # the fewest
-        mp = min(64, -(-M // 8) * 8)
-        flight = (p.rd - 1) * gemv_batch.cs_stage_bytes(nmat, p.rc // 16, mp // 8, 1 << p.skb_log, 2 * norm)
-        assert p.rd >= 4 and flight >= min(gemv_batch.CS_FLIGHT, 64 << 10), (M, K, rows, p, flight)
-    assert not gemv_batch.plan(M, 8192, 16, 1, 2).cs                    # quantized: windows
 
 
 def test_a_batched_step_folds_as_the_batch_1_step_does():

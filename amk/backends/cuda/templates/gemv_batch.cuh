@@ -11,7 +11,6 @@
 // Integer / fp8 weights become bf16 exactly (q - zero is an integer below 256; an E4M3 value
 // is a bf16 value); the group scale multiplies the mma's sums of one k-block (the group is a
 // multiple of the k-block; smaller groups stay on op_gemv, gemv_batch.py).
-// CS (bf16 weights, a batch of x rows): the streamed mainloop of gemv_stream.cuh instead.
 // Sums: part[((chunk * MP + m) * NMAT + mat) * rows16 + row] (mma_slot; CH chunks of SPI segments a window
 // of KW elements of K; windows add into the same slots in order): fixed order, bit-stable.
 
@@ -335,12 +334,10 @@ __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 
 // P: x, W_1..W_NMAT, [scales_1..NMAT, [zeros_1..NMAT]] (quantized), [bias], [residual | norm weight],
 // then the outputs. KS: only K's slice [KLO, KHI) (ip; a split GEMV's partial sums, passes/tile.py,
 // whole segments): x's rows and the weights' keep their strides, k stays absolute.
-template <class TY, class TS, int NMAT, int EPI, bool BIAS, int NB, class TR, class TO, bool NORM, class NW, bool KS>
-__device__ __forceinline__ void gemv_stream(AMK_PARAMS);   // gemv_stream.cuh, after this file
-
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
-          class TR, class TO, bool NORM, class NW, bool XR, bool KS>
-__device__ __forceinline__ void mma_windowed(AMK_PARAMS) {
+          class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false,
+          bool KS = false>
+__device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = XR ? 1 : 2, SEG = KU * KB, MP = 8 * NB;
   constexpr bool PERM2 = QMODE == 2, PERM3 = QMODE == 3;
   static_assert(!XR || (QMODE == 0 && !NORM), "x through the ring: bf16 weights, no norm");
@@ -478,14 +475,4 @@ __device__ __forceinline__ void mma_windowed(AMK_PARAMS) {
     mma_epilogue<TY, TS, EPI, BIAS, NMAT, TR, TO, NORM>(d, P, part, rows16, MP, CH, m0, mc, N, n_off, n_tile, rinv);
   }
   AMK_MARK(4);
-}
-
-// The switch's entry: the windowed plans above, or (CS) the streamed one (gemv_stream.cuh).
-template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
-          class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false,
-          bool KS = false, bool CS = false>
-__device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
-  static_assert(!CS || (QMODE == 0 && !XR), "the streamed plan: bf16 weights");
-  if constexpr (CS) gemv_stream<TY, TS, NMAT, EPI, BIAS, NB, TR, TO, NORM, NW, KS>(AMK_ARGS);
-  else mma_windowed<TY, TS, TZ, QMODE, NMAT, EPI, BIAS, ZEROS, NB, TR, TO, NORM, NW, XR, KS>(AMK_ARGS);
 }

@@ -21,6 +21,9 @@ __device__ __forceinline__ unsigned tid_now() { unsigned t; asm volatile("mov.u3
 __shared__ __align__(8) unsigned long long amk_ring_full[AMK_RING_PAGES], amk_ring_empty[AMK_RING_PAGES];
 __shared__ unsigned amk_ring_q;      // items the consumers took before the running RING step
 
+__device__ __forceinline__ void mbar_arrive(unsigned long long* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(b)) : "memory");
+}
 // AMK_INIT_THREAD, before the prologue's fence.mbarrier_init and CTA barrier.
 __device__ __forceinline__ void ring_init() {
   for (int p = 0; p < AMK_RING_PAGES; p++) { mbar_init(&amk_ring_full[p], 1); mbar_init(&amk_ring_empty[p], 32); }
