@@ -13,6 +13,9 @@ prints a table and writes it as JSON (--out/sass.json):
 - chains of global loads, each issued only after the one before it returned (a register it
   needs, its address or, predicated, its old value, comes from that load): combine_direct's
   16 m loads were one (NOTES v47).
+- the loops that touch local memory (LDL / STL), each with its HMMA count and whether it is
+  innermost: a spill in a GEMV's k-block loop costs every k-block, one in its sweep loop once a
+  sweep (NOTES v53).
 
     python bench/sass.py --model llama-3.2-1b --out /tmp/s_1b
     python bench/sass.py --model llama-3.2-1b --quant int4 --out /tmp/s_i4
@@ -140,6 +143,25 @@ def load_chains(instrs: list[Instr], min_len: int = 4) -> list[tuple[int, int]]:
     return sorted(ends.items())
 
 
+def loops(instrs: list[Instr]) -> list[dict]:
+    """Every loop (a branch back to an address at or before it): its span, its instructions,
+    its HMMA and its local-memory accesses (LDL / STL: ptxas's spills), and whether no other loop
+    lies inside it. A spill once a sweep is not one once a k-block: NOTES v53."""
+    spans = []
+    for i in instrs:
+        m = re.match(r"0x([0-9a-f]+)", i.args)
+        if i.op.startswith("BRA") and m and int(m.group(1), 16) <= i.addr:
+            spans.append((int(m.group(1), 16), i.addr))
+    out = []
+    for lo, hi in sorted(set(spans)):
+        body = [i for i in instrs if lo <= i.addr <= hi]
+        heads = [i.op.split(".")[0] for i in body]
+        inner = not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans)
+        out.append({"start": lo, "end": hi, "instructions": len(body), "hmma": heads.count("HMMA"),
+                    "local": heads.count("LDL") + heads.count("STL"), "innermost": inner})
+    return out
+
+
 def spills(log: str) -> dict[str, str]:
     """{function (mangled, as ptxas names it): its spill line}, for the functions that spill."""
     out, fn = {}, "?"
@@ -207,7 +229,8 @@ def report(sass: str, log: str, cubin: bytes) -> dict:
     instrs = parse(sass)
     return {"md5": hashlib.md5(cubin).hexdigest(), "cubin_bytes": len(cubin), "instructions": len(instrs),
             "spills": spills(log), "opcodes": opcode_counts(instrs),
-            "permute_blocks": permute_blocks(instrs), "load_chains": load_chains(instrs)}
+            "permute_blocks": permute_blocks(instrs), "load_chains": load_chains(instrs),
+            "loops_with_local_memory": [lp for lp in loops(instrs) if lp["local"]]}
 
 
 def main(argv=None) -> int:
@@ -242,6 +265,9 @@ def main(argv=None) -> int:
     print("permute blocks (instructions a weight): " + (" ".join(map(str, rep["permute_blocks"])) or "none"))
     print("global-load chains (address: length): "
           + (" ".join(f"{addr:#x}: {n}" for addr, n in rep["load_chains"]) or "none"))
+    print("loops with local memory (span: instructions, HMMA, LDL+STL, innermost): "
+          + (" ".join(f"{lp['start']:#x}-{lp['end']:#x}: {lp['instructions']}, {lp['hmma']}, {lp['local']}"
+                      f"{', innermost' if lp['innermost'] else ''};" for lp in rep["loops_with_local_memory"]) or "none"))
     return 0
 
 

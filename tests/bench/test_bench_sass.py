@@ -54,6 +54,16 @@ def test_opcodes_permute_blocks_and_spills_are_counted():
     assert sass.spills(log) == {"amk_megakernel": "88 bytes stack frame, 36 bytes spill stores, 84 bytes spill loads"}
 
 
+def test_loops_are_found_by_their_back_branches_with_their_local_memory():
+    """An outer loop whose spill reload sits outside the inner HMMA loop (NOTES v53's sweep loop):
+    the inner loop has no local memory, the outer one has both accesses; a forward branch is no loop."""
+    text = sass_text("MOV R1, c[0x0][0x28]", "LDL R2, [R1+0x24]", "HMMA.16816.F32.BF16 R4, R8, R12, R4",
+                     "LDS.128 R8, [R9]", "@P0 BRA 0x20", "STL [R1+0x24], R2", "@P1 BRA 0x10", "BRA 0x90", "EXIT")
+    assert sass.loops(sass.parse(text)) == [
+        {"start": 0x10, "end": 0x60, "instructions": 6, "hmma": 1, "local": 2, "innermost": False},
+        {"start": 0x20, "end": 0x40, "instructions": 3, "hmma": 1, "local": 0, "innermost": True}]
+
+
 @pytest.mark.parametrize("quant", [None, "int4"])
 def test_the_tool_reads_the_tiny_presets_machine_code(tmp_path, quant):
     pytest.importorskip("cuda.bindings")
@@ -74,7 +84,8 @@ def test_the_tool_reads_the_tiny_presets_machine_code(tmp_path, quant):
     # int4: a byte permute a weight, in blocks of 32 or more (the GEMV loops); bf16 has a few
     assert (rep["opcodes"]["PRMT"] > 100) == (quant == "int4")
     assert bool(rep["permute_blocks"]) == (quant == "int4")
-    assert rep["model"] in r.stdout
+    assert rep["model"] in r.stdout and "loops with local memory" in r.stdout
+    assert all(lp["local"] > 0 for lp in rep["loops_with_local_memory"])
 
 
 def test_an_unknown_preset_is_refused(tmp_path):
