@@ -2,7 +2,8 @@
 monotonic counters over 1,000 steps, a task with more waits than its descriptor carries, the
 profile build's marks, and the watchdog turning a deadlock into an error; the chain, the 1,000
 steps, the graph capture, the profile marks and the deadlocks also on kernel v2 (AMK_KERNEL=v2:
-its GEMVs' weights through the producer's ring), whose producer must not hang a deadlock either."""
+its GEMVs' weights through the producer's ring), whose producer must not hang a deadlock either;
+and the argmax of many rows over its tiles' partials, with ties across tiles."""
 import time
 
 import pytest
@@ -212,3 +213,42 @@ def test_v2_deadlock_with_the_producer_waiting_on_a_full_ring_raises():
     with pytest.raises(DeadlockError, match="waits_forever"):
         cp.run({"x": x, "w": torch.randn(256, 2048, device="cuda").bfloat16()})
     assert time.time() - t0 < 30
+
+
+def argmax_rows_program(rows, tiles=5, H=64, tile_n=24):
+    """x [rows, H] -> an LM head of `tiles` GEMV tiles (op_gemv_mma: rows > 1), each writing its
+    tile's argmax partial of every row -> one argmax over the partials (argmax_fold)."""
+    V = tiles * tile_n
+    b = Builder("argmax_rows")
+    x = b.buf("x", BK.IO_INPUT, D.BF16, (rows, H))
+    head = b.buf("head", BK.WEIGHT, D.BF16, (V, H))
+    logits = b.buf("logits", BK.IO_OUTPUT, D.F32, (rows, V))
+    tok = b.buf("tok", BK.IO_OUTPUT, D.I32, (rows,))
+    c = b.counter()
+    for i in range(tiles):
+        b.task(K.GEMV_TILE, [x, head], [logits], {"n_off": tile_n * i, "N_tile": tile_n, "K": H},
+               out_counter=c)
+    b.task(K.SAMPLE_ARGMAX, [logits], [tok], waits=[(c, tiles)])
+    b.outputs = [logits, tok]
+    return b.program()
+
+
+@pytest.mark.parametrize("rows", [3, 16, 40])
+def test_the_argmax_of_many_rows_takes_the_first_of_tied_logits_across_tiles(rows):
+    """Every head row repeats in every tile (row v = row v mod 24), so each row's best logit ties
+    in all five tiles: the token must be the first of them, whichever warp reduced the row
+    (40 rows: more than the CTA's warps)."""
+    from amk.backends.reference.vm import ReferenceVM
+    prog = argmax_rows_program(rows)
+    cp = CudaProgram(prog, "cuda")
+    fns = {cp.lowered.variants[int(d["variant"])].fn for d in cp.lowered.tasks}
+    assert {"op_gemv_mma", "op_argmax_parts"} <= fns
+    g = torch.Generator().manual_seed(rows)
+    binds = {"x": torch.randn(rows, 64, generator=g).bfloat16(),
+             "head": (torch.randn(24, 64, generator=g) * 0.1).bfloat16().repeat(5, 1)}
+    ref = ReferenceVM(prog, device="cpu").run(binds)
+    logits, tok = cp.run({k: v.cuda() for k, v in binds.items()})
+    assert torch.equal(logits[:, :24].repeat(1, 5), logits)              # the ties are exact
+    assert torch.equal(tok.cpu().long(), logits.argmax(-1).cpu())          # the first of them
+    assert bool((tok.cpu().long() < 24).all())
+    torch.testing.assert_close(logits.cpu(), ref[0], rtol=2e-2, atol=2e-2)
