@@ -89,9 +89,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
              "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
-             "RD", "KLO", "KHI",      # KLO, KHI: op_gemv_mma KS's K slice [KLO, KHI) of K
-             "EARLY"),    # op_gemv_mma: its ring's first jobs (cp.async groups) the scheduler
-                          # issues before the task's wait (gemv_batch.early_jobs; 0: none)
+             "RD", "KLO", "KHI"),     # KLO, KHI: op_gemv_mma KS's K slice [KLO, KHI) of K
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row

@@ -209,13 +209,5 @@ def step_bytes(v: Variant, ip: dict) -> int:
                       v.arg("norm"), v.arg("xr"), -(-ip["K"] // ip["KW"]))
 
 
-def early_jobs(p: MmaPlan) -> int:
-    """The ring's first jobs a plain task's scheduler issues before the task's wait (the ip
-    EARLY): the weights do not depend on the wait, so the first RD - 1 jobs land during it
-    (and during the x staging after it) instead of after the staging. None with x through the
-    ring (its jobs carry x's rows, which do depend on it)."""
-    return 0 if p.xr else p.rd - 1
-
-
 def plan_ip(p: MmaPlan) -> dict:
-    return dict(KW=p.kw, SPI=p.spi, RD=p.rd, EARLY=early_jobs(p))
+    return dict(KW=p.kw, SPI=p.spi, RD=p.rd)

@@ -23,8 +23,6 @@ class KernelSpec:
     encoded: tuple[Variant, ...]     # the same before the PRE marks: as the encoders made them
     pre: bool                        # a task copies the next task's rows (AMK_PRE, preload.py)
     zero: bool                       # a FUSED task zeroes scratch first (AMK_ZERO)
-    early: bool                      # a plain op_gemv_mma task issues ring jobs before its wait
-                                     #   (AMK_EARLY, ip EARLY: gemv_batch.early_jobs)
     ring_slot: int                   # kernel v2's page: the largest item of its RING steps
     too_many: tuple[int, ...]        # ids of tasks with a descriptor of > MAX_PTRS operands
 
@@ -41,14 +39,13 @@ def kernel_spec(folded: Folded) -> KernelSpec:
     with_pre: set[Variant] = set()
     ring_rows: list[int] = []
     too_many: list[int] = []
-    zero = early = False
+    zero = False
     seen: set[int] = set()       # the tasks of a kind share their Encoded objects (alive here)
     for ft in folded.tasks:
         own = runs_steps(ft)
         zero = zero or (own and bool(ft.zero))
         if own and len(ft.ins) + len(ft.outs) > MAX_PTRS:
             too_many.append(ft.task.id)
-        early = early or (not own and ft.steps[0][0].ip.get("EARLY", 0) > 0)
         for enc, ins, outs in (ft.steps if own else ft.steps[:1]):
             if len(ins) + len(outs) > MAX_PTRS:
                 too_many.append(ft.task.id)
@@ -66,5 +63,5 @@ def kernel_spec(folded: Folded) -> KernelSpec:
                     ring_rows.append(int(enc.ip.get("ROWB", 0)))
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
-    return KernelSpec(variants, tuple(index), pre, zero, early, ring.slot_bytes(ring_rows),
+    return KernelSpec(variants, tuple(index), pre, zero, ring.slot_bytes(ring_rows),
                       tuple(dict.fromkeys(too_many)))

@@ -223,33 +223,3 @@ def test_the_mma_cases_compile_for_sm90a():
     above are the spill checks)."""
     res = compile_source(render(combined_program(mma_examples.cases())), "sm_90a")
     assert res.cubin[:4] == b"\x7fELF"
-
-
-@pytest.mark.parametrize("batch", [4, 16])
-def test_a_plain_batched_gemv_task_issues_its_first_ring_jobs_before_its_wait(batch):
-    """ip EARLY (gemv_batch.early_jobs): a plain op_gemv_mma task's scheduler issues its ring's
-    first RD - 1 jobs before the task's wait; none where x streams through the ring (its jobs
-    carry x's rows, which depend on the wait). The early call and the issued jobs are read by
-    the device code: the P table's memory and amk_early_done."""
-    prog, low = _one_layer_1b(batch)
-    ip = {n: abi.ip_index("GEMV", n) for n in ("RD", "EARLY")}
-    seen = set()
-    for t in prog.tasks:
-        d = low.tasks[t.id]
-        v = low.variants[int(d["variant"])] if int(d["variant"]) >= 0 else None
-        if v is None or v.fn != "op_gemv_mma":
-            continue
-        rd, early = int(d["ip"][ip["RD"]]), int(d["ip"][ip["EARLY"]])
-        assert early == (0 if v.arg("xr") else rd - 1), (t.name, rd, early)
-        seen.add((v.arg("xr"), early > 0))
-    assert {(False, True), (True, False)} <= seen        # the norm GEMVs early, o's x in its ring
-    assert "#define AMK_EARLY 1" in render(prog)
-
-
-def test_a_step_without_early_jobs_compiles_no_early_code():
-    """Batch 64's norm GEMVs have one-stage rings and o / down take x through theirs: no task
-    has EARLY jobs, so AMK_EARLY is 0 and the scheduler's code is main's (never-run code costs
-    time, NOTES v16a)."""
-    prog, low = _one_layer_1b(64)
-    assert not low.spec.early
-    assert "#define AMK_EARLY 0" in render(prog)

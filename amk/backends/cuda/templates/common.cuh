@@ -208,10 +208,6 @@ __shared__ __align__(8) unsigned long long amk_pre_bar;
 __shared__ unsigned amk_pre_n;
 __shared__ int amk_pre_pending, amk_pre_slot;
 __shared__ RangeDesc amk_pre_ranges[2][AMK_PRE ? 2 : 1];
-// The running task's ip EARLY jobs of op_gemv_mma's ring were issued by the scheduler before
-// its wait (thread 0 sets it after its poll, before the barrier that starts the task; 0 for a
-// FUSED task, whose steps issue their own).
-__shared__ int amk_early_done;
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   unsigned r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));

@@ -366,12 +366,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   // compiler lost that it is shared memory and read it by generic 64-bit loads: bf16 batch 16
   // -4%, v47)
   char* ring = smem + ((((char*)(rinv + MP) - smem) + 15) & ~15) + warp * RD * SB;
-  // The scheduler calls a plain task with ip EARLY > 0 twice: first before its wait, with P
-  // the pointers' table in global memory (its stage 2 may not have landed), to issue the ring's
-  // first EARLY jobs and return (the weights do not depend on the wait); then as usual, with
-  // those jobs in flight (amk_early_done), so the first pass skips issuing them.
-  const bool early_call = AMK_EARLY && !__isShared(P);
-  if (!early_call) AMK_MARK(0);
+  AMK_MARK(0);
   for (int m0 = 0; m0 < M; m0 += MP) {
     const int mc = M - m0 < MP ? M - m0 : MP;
     const int IW = warp < items ? (items - warp + NWARPS - 1) / NWARPS : 0;
@@ -390,10 +385,6 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
       cp_async_commit();                                   // empty past the last job: the count stays
       ic.next(SPI, IW, KW, RD);
     };
-    if (early_call) {                                      // EARLY == RD - 1 (gemv_batch.early_jobs)
-      for (int p = 1; p < RD; p++) issue();
-      return;
-    }
     int slot = 0;                                          // the next job's stage
     for (int k0 = KLO; k0 < KHI; k0 += KW) {
       __syncthreads();                                     // the last window's (the last pass's) readers are done
@@ -404,10 +395,7 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
                                        sq + k0 / KW * MP * per);
       else if (!XR) mma_stage_x<PERM3, PERM2>(xs, xstride, x, Kd, m0, mc, MP, k0, KW);
       if (k0 == KLO)
-        for (int p = 1; p < RD; p++) {
-          if (AMK_EARLY && m0 == 0 && amk_early_done) ic.next(SPI, IW, KW, RD);   // in flight since before the wait
-          else issue();
-        }
+        for (int p = 1; p < RD; p++) issue();
       if (!XR) __syncthreads();
       AMK_MARK(1);
 #pragma unroll 1

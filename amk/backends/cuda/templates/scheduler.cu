@@ -192,22 +192,16 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
     if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during the poll
     else cp_async_commit();
-    // A plain op_gemv_mma task's first ring jobs go out before its wait (ip EARLY: its weights
-    // do not depend on it), from the pointers' table in global memory; thread 0's after its poll.
-    const int early = AMK_EARLY && (T.op == OP_GEMV_TILE || T.op == OP_GEMM_TILE) ? T.ip[P_GEMV_EARLY] : 0;
-    if (early > 0 && threadIdx.x != 0) run_variant(T, (void* const*)(ptrs + T.ptr_begin), smem, st);
     if (threadIdx.x == 0) {
       s_ok = wait_task(&T, A, epoch) ? 1 : 0;
-      if (early > 0 && s_ok) run_variant(T, (void* const*)(ptrs + T.ptr_begin), smem, st);
-      if (AMK_EARLY) amk_early_done = early;
       if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
 #ifdef AMK_PROFILE
       prof[AMK_PROF_W * i + 1] = global_timer();
       amk_mark_row = T.op == OP_FUSED ? nullptr : prof + AMK_PROF_W * i;
 #endif
     }
-    mma_ring_wait(early + 1);   // stage 2 and the next task's stage 1: no group left for the task
-    __syncthreads();            // but the early jobs
+    cp_async_wait<0>();   // stage 2, and the next task's stage 1: no group left for the task
+    __syncthreads();
     if (!s_ok) { aborted = true; break; }
     if (T.op == OP_FUSED) {
       const RangeDesc* z = (const RangeDesc*)A.ranges + T.zero_begin;
