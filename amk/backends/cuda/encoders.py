@@ -208,8 +208,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                                       nmat=1, epi=0, bias=has_bias, zeros=zeros is not None, ri=ri, roll=roll)
     elif mma is not None and not direct:
         var = gemv_batch.gemv_mma(ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode, nmat=1, epi=0,
-                                  bias=has_bias, zeros=zeros is not None, nb=mma.nb, xr=mma.xr, ks=ks,
-                                  gsums=mma.gsums)
+                                  bias=has_bias, zeros=zeros is not None, nb=mma.nb, xr=mma.xr, ks=ks)
     elif direct:
         var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
                           bias=has_bias, tr="float", to=ftype(t, out.dtype),

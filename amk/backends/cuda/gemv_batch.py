@@ -62,8 +62,6 @@ class MmaPlan:
     spi: int                     # K segments an item (ip SPI)
     rd: int                      # stages of each warp's weight ring (ip RD)
     xr: bool = False             # x through the ring with the weights (template XR)
-    gsums: bool = False          # the sums in the tile's global scratch, not shared memory
-                                 #   (template GSUMS; lower.sums_scratch gives the view)
 
 
 def segment(qmode: int, xr: bool = False) -> int:
@@ -88,22 +86,17 @@ def norm_slots(kw: int) -> int:
 
 
 def smem_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int, rd: int,
-               norm: bool = False, xr: bool = False, windows: int = 1, gsums: bool = False) -> int:
+               norm: bool = False, xr: bool = False, windows: int = 1) -> int:
     """The work area a plan uses (the template's layout; NORM: each of the windows has its own
-    slots of sums of squares; GSUMS: the sums elsewhere, sums_bytes)."""
+    slots of sums of squares)."""
     mp = 8 * nb
     xstride = 0 if xr else kw * 2 + (64 if qmode == 0 else 16)
     x = -(-mp * xstride // 16) * 16
     ch = -(-kw // (spi * segment(qmode, xr)))
     rows16 = -(-n_tile // 16) * 16
     per = norm_slots(kw) * windows if norm else NWARPS
-    sums = x + 4 * ((0 if gsums else nmat * rows16 * mp * ch) + mp * per + mp)
+    sums = x + 4 * (nmat * rows16 * mp * ch + mp * per + mp)
     return -(-sums // 16) * 16 + NWARPS * rd * stage_bytes(qmode, xr, mp)
-
-
-def sums_bytes(qmode: int, nb: int, kw: int, spi: int, n_tile: int, nmat: int) -> int:
-    """The sums of a pass (fp32, the template's mma_slot layout): NMAT x rows x MP x CH."""
-    return 4 * nmat * -(-n_tile // 16) * 16 * 8 * nb * -(-kw // (spi * segment(qmode)))
 
 
 def items(qmode: int, kw: int, spi: int, n_tile: int, nmat: int, xr: bool = False) -> int:
@@ -136,14 +129,6 @@ def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | 
     return min(fits, key=rank)
 
 
-def _gsums_spi(qmode: int, kw: int, n_tile: int, nmat: int) -> int:
-    """A GSUMS plan's segments an item: the fewest chunks that still give every warp an item
-    (its sums go through L2 twice: the LM head's 976 rows at 16 chunks would be 2 MB a tile)."""
-    nseg = -(-kw // segment(qmode))
-    ch = min(nseg, -(-NWARPS // (nmat * -(-n_tile // 16))))      # chunks an item's rows need
-    return -(-nseg // ch)
-
-
 @functools.lru_cache(maxsize=None)
 def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
          budget: int = BUDGET) -> MmaPlan | None:
@@ -153,10 +138,9 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
     for every warp (a window's items are all its parallelism: the 1B down projection at
     batch 16 took one 4096-wide window of 3 items, 3 of 16 warps loading, 93 us a tile);
     then at most WINDOWS_MAX windows; then rings of RD_GOOD stages (the loads in flight);
-    then the fewest windows (a window is two barriers and its x staging); then the sums in
-    shared memory (GSUMS, the sums in global scratch, only where that buys one of the above:
-    batch 64's norm GEMVs rings of 2 stages, not 1); then the deepest ring; then the fewest
-    segments a warp runs and the fewest chunks (the epilogue adds them). Every plan that fits is ranked (memoised: one search a shape). A tile that takes
+    then the fewest windows (a window is two barriers and its x staging); then the deepest
+    ring; then the fewest segments a warp runs and the fewest chunks (the epilogue adds
+    them). Every plan that fits is ranked (memoised: one search a shape). A tile that takes
     x through the ring (_takes_xr) gets its XR plan where one fits."""
     seg = segment(qmode)
     nseg = -(-K // seg)
@@ -173,18 +157,16 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
                            None)
                 if spi is not None:          # a larger SPI needs less (fewer chunks' sums)
                     fits += [MmaPlan(nb, kw, s, rd) for s in range(spi, kw // seg + 1)]
-                if smem_bytes(qmode, nb, kw, 1, n_tile, nmat, rd, norm, windows=-(-K // kw), gsums=True) <= budget:
-                    fits.append(MmaPlan(nb, kw, _gsums_spi(qmode, kw, n_tile, nmat), rd, gsums=True))
         if norm:                     # windows only for bf16, a one-stage ring, <= 16 rows a pass
             one = [p for p in fits if p.kw >= K]
-            if qmode != 0 or nb > NORM_WINDOWS_NB_MAX or any(p.rd >= 2 and not p.gsums for p in one):
+            if qmode != 0 or nb > NORM_WINDOWS_NB_MAX or any(p.rd >= 2 for p in one):
                 fits = one
         if fits:
             def rank(p: MmaPlan):
                 n = items(qmode, p.kw, p.spi, n_tile, nmat)
                 ch = -(-p.kw // (p.spi * seg))
                 windows = -(-K // p.kw)
-                return (-min(n, NWARPS), windows > WINDOWS_MAX, -min(p.rd, RD_GOOD), windows, p.gsums, -p.rd,
+                return (-min(n, NWARPS), windows > WINDOWS_MAX, -min(p.rd, RD_GOOD), windows, -p.rd,
                         -(-n // NWARPS) * p.spi, ch)
             return min(fits, key=rank)
     return None
@@ -199,26 +181,18 @@ def scales_vectors(qmode: int, group: int, ngroups: int) -> bool:
 
 
 def gemv_mma(*, ty, ts, tz, qmode, nmat, epi, bias, zeros, nb, tr="float", to=None,
-             norm=False, nw="float", xr=False, ks=False, gsums=False) -> Variant:
+             norm=False, nw="float", xr=False, ks=False) -> Variant:
     """op_gemv_mma with every template argument, in its order (KS: a K slice, ip KLO / KHI;
-    KS and GSUMS given only where true: the template's defaulted false, so the other variants'
-    code is as before)."""
+    without it the template's defaulted false, so the other variants' code is as before)."""
     v = Variant.of("op_gemv_mma", ty=ty, ts=ts, tz=tz, qmode=qmode, nmat=nmat, epi=epi, bias=bias,
                    zeros=zeros, nb=nb, tr=tr, to=to or ty, norm=norm, nw=nw, xr=xr)
-    return with_gsums(v.with_(ks=True) if ks else v, gsums)
-
-
-def with_gsums(v: Variant, gsums: bool) -> Variant:
-    """GSUMS, the template's last argument (after KS, given then too), only where true."""
-    if gsums:
-        return v.with_(ks=v.arg("ks", False), gsums=True)
-    return Variant(v.fn, tuple((k, a) for k, a in v.args if k != "gsums"))
+    return v.with_(ks=True) if ks else v
 
 
 def planned(v: Variant, ip: dict, p: MmaPlan) -> tuple[Variant, dict]:
     """An op_gemv_mma step under plan p: its variant with p's template arguments, its ip with
     p's fields (a new dict)."""
-    return with_gsums(v.with_(nb=p.nb, xr=p.xr), p.gsums), dict(ip, **plan_ip(p))
+    return v.with_(nb=p.nb, xr=p.xr), dict(ip, **plan_ip(p))
 
 
 def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None,
@@ -232,12 +206,7 @@ def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None =
 def step_bytes(v: Variant, ip: dict) -> int:
     """The work area an op_gemv_mma step's plan uses."""
     return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"],
-                      v.arg("norm"), v.arg("xr"), -(-ip["K"] // ip["KW"]), bool(v.arg("gsums")))
-
-
-def step_sums_bytes(v: Variant, ip: dict) -> int:
-    """A GSUMS step's sums in global scratch (its pass's; passes reuse them)."""
-    return sums_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"))
+                      v.arg("norm"), v.arg("xr"), -(-ip["K"] // ip["KW"]))
 
 
 def plan_ip(p: MmaPlan) -> dict:

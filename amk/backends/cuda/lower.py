@@ -11,14 +11,12 @@ buffers are bound.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from amk.gcpause import without_gc
 from amk.identity_memo import IdentityMemo
-from amk.program.ir import Buffer, DType, InstructionKind as K, Program
+from amk.program.ir import Buffer, InstructionKind as K, Program
 from amk.program.regions import operand_pattern
-from amk.backends.cuda import gemv_batch
 from amk.backends.cuda.argmax_fold import ArgmaxFolds
 from amk.backends.cuda.encoders import encode_op
 from amk.backends.cuda.folds import fold_steps
@@ -65,30 +63,7 @@ def fold_program(program: Program, n_ctas: int = 132,
         fit_below_ring(tasks)
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
-    tasks, scratch = sums_scratch(tasks, queues, scratch)
     return Folded(tasks, queues, scratch)
-
-
-def sums_scratch(tasks: list[FoldedTask], queues: list[list[int]], scratch: int) -> tuple[list[FoldedTask], int]:
-    """Each op_gemv_mma step of a GSUMS plan gets its sums' scratch as its last output: one
-    region a queue, as large as its largest step's, since a CTA runs its queue's tasks one after
-    another and a step's sums are dead once its epilogue read them. Returns the tasks and the
-    scratch bytes with the regions."""
-    def gsums(e) -> bool:
-        return e.is_fn("op_gemv_mma") and bool(e.variant.arg("gsums"))
-    size = max((gemv_batch.step_sums_bytes(e.variant, e.ip) for ft in tasks for e, _, _ in ft.steps if gsums(e)),
-               default=0)
-    if not size:
-        return tasks, scratch
-    size = -(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN
-    tasks = list(tasks)
-    for qi, q in enumerate(queues):
-        view = View((size // 4,), DType.F32, (REF_SCRATCH, scratch + qi * size), None)
-        for j in q:
-            ft = tasks[j]
-            if any(gsums(e) for e, _, _ in ft.steps):
-                tasks[j] = replace(ft, steps=[(e, a, o + [view]) if gsums(e) else (e, a, o) for e, a, o in ft.steps])
-    return tasks, scratch + len(queues) * size
 
 
 def _lower_and_fold(t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:

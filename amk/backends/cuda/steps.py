@@ -130,12 +130,8 @@ class FoldedTask:
 
     @cached_property      # steps are replaced in place only by steps over the same views
     def one(self) -> bool:
-        if len(self.steps) != 1 or self.zero:
-            return False
-        e, ins, outs = self.steps[0]
-        if e.variant is not None and e.variant.arg("gsums"):   # its sums' scratch (lower.sums_scratch)
-            outs = outs[:-1]
-        return all(v.ref[0] == REF_BUFFER for v in ins + outs)
+        return (len(self.steps) == 1 and not self.zero
+                and all(v.ref[0] == REF_BUFFER for v in self.steps[0][1] + self.steps[0][2]))
 
 
 @dataclass

@@ -84,7 +84,7 @@ def test_plans_fit_the_work_area_and_take_the_fewest_passes():
                                 (16, 2048, 64, 2, 0), (64, 8192, 16, 1, 2), (1, 2048, 972, 1, 1)):
         p = gemv_batch.plan(M, K, rows, nmat, q)
         assert p is not None
-        assert gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, rows, nmat, p.rd, xr=p.xr, gsums=p.gsums) <= gemv_batch.BUDGET
+        assert gemv_batch.smem_bytes(q, p.nb, p.kw, p.spi, rows, nmat, p.rd, xr=p.xr) <= gemv_batch.BUDGET
         if p.nb < gemv_batch.NB_MAX and 8 * p.nb < M:      # one more n-tile does not fit at all
             assert gemv_batch.plan(8 * (p.nb + 1), K, rows, nmat, q).nb == p.nb
     # one 16-row group (down, o at batch 16): x through the ring with the weights, no window
@@ -101,8 +101,7 @@ def test_plans_fit_the_work_area_and_take_the_fewest_passes():
     p = gemv_batch.plan(16, 4096, 56, 2, 0, norm=True)
     assert p.kw < 4096 and p.rd >= gemv_batch.RD_GOOD and p.nb == 2, p
     assert gemv_batch.plan(64, 2048, 64, 2, 0, norm=True).kw == 2048
-    # the LM head at batch 16: its sums (61 KB) in global scratch for a 4-stage ring, not 2
-    assert gemv_batch.plan(16, 2048, 976, 1, 0, norm=True) == gemv_batch.MmaPlan(2, 2048, 32, 4, gsums=True)
+    assert gemv_batch.plan(16, 2048, 976, 1, 0, norm=True) == gemv_batch.MmaPlan(2, 2048, 32, 2)
     assert gemv_batch.plan(16, 2048, 24, 1, 0, norm=True).kw >= 2048
 
 
@@ -224,33 +223,3 @@ def test_the_mma_cases_compile_for_sm90a():
     above are the spill checks)."""
     res = compile_source(render(combined_program(mma_examples.cases())), "sm_90a")
     assert res.cubin[:4] == b"\x7fELF"
-
-
-def test_batch_64_norm_gemvs_keep_their_sums_in_global_scratch_for_a_second_ring_stage():
-    """GSUMS (gemv_batch.plan, lower.sums_scratch): at batch 64 the q/k/v and gate/up tiles'
-    sums (32 KB) and the LM head's (122 KB) leave shared memory, so their rings have 2 stages,
-    not 1, and the LM head folds its norm (one window) instead of a norm step in each tile. Each
-    such step's last output is its queue's one scratch region; batch 16's q/k/v keep theirs."""
-    from amk.backends.cuda.lower import fold_program
-    from amk.backends.cuda.steps import REF_SCRATCH
-    prog, low = _one_layer_1b(64)
-    kinds = step_kinds(prog, low)
-    assert kinds["lm_head"] == {(("op_gemv_mma", 1, 3, True),)}          # the norm folded
-    folded = fold_program(prog)
-    queue_of = {j: qi for qi, q in enumerate(folded.queues) for j in q}
-    regions = {}
-    n = 0
-    for j, ft in enumerate(folded.tasks):
-        for e, _, outs in ft.steps:
-            if e.is_fn("op_gemv_mma") and e.variant.arg("gsums"):
-                n += 1
-                assert e.ip["RD"] == 2 and outs[-1].ref[0] == REF_SCRATCH
-                assert regions.setdefault(queue_of[j], outs[-1].ref[1]) == outs[-1].ref[1]
-                assert outs[-1].numel * 4 >= gemv_batch.step_sums_bytes(e.variant, e.ip)
-    assert n >= 86 + 22 + 22 + 128 + 132                                 # q, k, v, gate/up, LM head
-    assert len(set(regions.values())) == len(regions)                    # a region a queue
-    prog16, _ = _one_layer_1b(16)
-    q16 = [e for ft in fold_program(prog16).tasks for e, _, _ in ft.steps
-           if e.is_fn("op_gemv_mma") and e.variant.arg("norm") and e.variant.arg("nmat") == 1
-           and e.ip["N_TILE"] < 100]
-    assert q16 and not any(e.variant.arg("gsums") for e in q16)

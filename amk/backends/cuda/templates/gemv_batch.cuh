@@ -336,7 +336,7 @@ __device__ __forceinline__ void mma_ring_wait(int RD) {       // the job RD - 1 
 // whole segments): x's rows and the weights' keep their strides, k stays absolute.
 template <class TY, class TS, class TZ, int QMODE, int NMAT, int EPI, bool BIAS, bool ZEROS, int NB,
           class TR = float, class TO = TY, bool NORM = false, class NW = float, bool XR = false,
-          bool KS = false, bool GSUMS = false>
+          bool KS = false>
 __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   constexpr int VW = MmaVec<QMODE>::VW, KB = 4 * VW, KU = XR ? 1 : 2, SEG = KU * KB, MP = 8 * NB;
   constexpr bool PERM2 = QMODE == 2, PERM3 = QMODE == 3;
@@ -357,13 +357,9 @@ __device__ __noinline__ void op_gemv_mma(AMK_PARAMS) {
   const int CH = (KW + SPI * SEG - 1) / (SPI * SEG), items = NMAT * groups * CH;
   const bf16* x = (const bf16*)P[0];
   char* xs = smem;
-  // GSUMS: the sums in the tile's scratch in global memory (its last output; L2-resident), so
-  // the ring takes their room (batch 64's norm GEMVs: 2 stages, not 1); mma_epilogue reads
-  // them through its generic pointer either way
-  float* const after_x = (float*)(smem + ((MP * xstride + 15) & ~15));
-  float* part = GSUMS ? (float*)P[d.n_in + d.n_out - 1] : after_x;
+  float* part = (float*)(smem + ((MP * xstride + 15) & ~15));
   const int per = NORM ? mma_norm_slots(KW / 8) : NWARPS;  // NORM: a row's slots of sums of squares
-  float* sq = GSUMS ? after_x : part + NMAT * rows16 * MP * CH;   // [windows][MP][per], then rinv [MP]
+  float* sq = part + NMAT * rows16 * MP * CH;              // [windows][MP][per], then rinv [MP]
   float* rinv = sq + (NORM ? (Kd + KW - 1) / KW : 1) * MP * per;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // aligned as an offset from smem, so the ring is read by LDS (through an integer cast the
