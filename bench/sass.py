@@ -144,13 +144,14 @@ def load_chains(instrs: list[Instr], min_len: int = 4) -> list[tuple[int, int]]:
 
 
 def loops(instrs: list[Instr]) -> list[dict]:
-    """Every loop (a branch back to an address at or before it): its span, its instructions,
-    its HMMA and its local-memory accesses (LDL / STL: ptxas's spills), and whether no other loop
-    lies inside it. A spill once a sweep is not one once a k-block: NOTES v53."""
+    """Every loop (a branch back to an address before it; not the branch to itself that pads a
+    function after its EXIT): its span, its instructions, its HMMA and its local-memory accesses
+    (LDL / STL: ptxas's spills), and whether no other loop lies inside it. A spill once a sweep
+    is not one once a k-block: NOTES v53."""
     spans = []
     for i in instrs:
         m = re.match(r"0x([0-9a-f]+)", i.args)
-        if i.op.startswith("BRA") and m and int(m.group(1), 16) <= i.addr:
+        if i.op.startswith("BRA") and m and int(m.group(1), 16) < i.addr:
             spans.append((int(m.group(1), 16), i.addr))
     out = []
     for lo, hi in sorted(set(spans)):

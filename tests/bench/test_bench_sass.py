@@ -56,9 +56,11 @@ def test_opcodes_permute_blocks_and_spills_are_counted():
 
 def test_loops_are_found_by_their_back_branches_with_their_local_memory():
     """An outer loop whose spill reload sits outside the inner HMMA loop (NOTES v53's sweep loop):
-    the inner loop has no local memory, the outer one has both accesses; a forward branch is no loop."""
+    the inner loop has no local memory, the outer one has both accesses; a forward branch is no
+    loop, nor the branch to itself after EXIT."""
     text = sass_text("MOV R1, c[0x0][0x28]", "LDL R2, [R1+0x24]", "HMMA.16816.F32.BF16 R4, R8, R12, R4",
-                     "LDS.128 R8, [R9]", "@P0 BRA 0x20", "STL [R1+0x24], R2", "@P1 BRA 0x10", "BRA 0x90", "EXIT")
+                     "LDS.128 R8, [R9]", "@P0 BRA 0x20", "STL [R1+0x24], R2", "@P1 BRA 0x10", "BRA 0x90", "EXIT",
+                     "BRA 0x90")
     assert sass.loops(sass.parse(text)) == [
         {"start": 0x10, "end": 0x60, "instructions": 6, "hmma": 1, "local": 2, "innermost": False},
         {"start": 0x20, "end": 0x40, "instructions": 3, "hmma": 1, "local": 0, "innermost": True}]
@@ -85,7 +87,12 @@ def test_the_tool_reads_the_tiny_presets_machine_code(tmp_path, quant):
     assert (rep["opcodes"]["PRMT"] > 100) == (quant == "int4")
     assert bool(rep["permute_blocks"]) == (quant == "int4")
     assert rep["model"] in r.stdout and "loops with local memory" in r.stdout
-    assert all(lp["local"] > 0 for lp in rep["loops_with_local_memory"])
+    # the real cubin's loops: found by their back branches (the GEMV loops: innermost ones
+    # among them), the report's loops with local memory among them
+    lps = sass.loops(sass.parse((tmp_path / "kernel.sass").read_text()))
+    assert any(lp["innermost"] and lp["instructions"] > 10 for lp in lps)
+    assert all(lp["start"] < lp["end"] for lp in lps)
+    assert rep["loops_with_local_memory"] == [lp for lp in lps if lp["local"]]
 
 
 def test_an_unknown_preset_is_refused(tmp_path):
