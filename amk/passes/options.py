@@ -78,9 +78,6 @@ class PassOptions:
     # stages them in one round trip (the cuda backend's shared memory below the o tile's
     # preload); else one combine a kv group. None: always the one combine
     fold_partial_bytes: int | None = None
-    # ... and where they do not all fit, P lowered to the most that do if that is at least this
-    # many (contexts up to this x kv_shard_min rows keep their live shards)
-    fold_min_shards: int = 16
     # split_kv: a derived P at most this (the cuda backend: a task's operand limit less the
     # combine's pos and output and those of the o tile it may be folded into); None: no bound
     max_kv_shards: int | None = None

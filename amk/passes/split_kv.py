@@ -15,9 +15,7 @@ P = opts.attn_splits, or from the target: enough tasks to give every SM one (num
 no shard shorter than opts.kv_shard_min rows and no more than opts.max_kv_shards (what one
 backend task may merge: 56 on cuda, where 1-2 kv heads at an 8K cache made 64 and failed to
 compile). At batch 1 the one combine its readers fold in only where a reader can stage its x and
-all P partials in opts.fold_partial_bytes (fold_fits), P lowered to the most that fit where
-that leaves at least opts.fold_min_shards (two kv heads at an 8K cache: 56 -> 23); else one
-combine a kv group. P = 1 keeps one exact
+all P partials in opts.fold_partial_bytes (fold_fits); else one combine a kv group. P = 1 keeps one exact
 (non-partial) task per group, or the one task as it is on a `whole_ops` target (one launch
 already covers every group).
 The split result equals the unsplit attention up to float rounding (online-softmax merge).
@@ -57,18 +55,11 @@ def shard_count(max_seq: int, groups: int, opts: PassOptions) -> int:
 
 def fold_fits(nh: int, hd: int, P: int, opts: PassOptions) -> bool:
     """Whether a reader folding batch 1's one combine stages its x (f32 [nh*hd], 1024-aligned)
-    and all P partials (f32 [acc | m | l] a head) in opts.fold_partial_bytes: one round trip."""
-    return P <= fold_cap(nh, hd, opts)
-
-
-def fold_cap(nh: int, hd: int, opts: PassOptions) -> int:
-    """The most partials a reader folding batch 1's one combine stages beside its x. split_kv
-    lowers a derived P to it only where it stays at least opts.fold_min_shards, so contexts up
-    to fold_min_shards x kv_shard_min rows keep their live shards: fewer, longer shards at the
-    contexts people run cost more than the fold saves (Qwen3-0.6B at context 4096 with P 8,
-    +100 us; the 8B's P 4, +230 us: NOTES v30, v33)."""
+    and all P partials (f32 [acc | m | l] a head) in opts.fold_partial_bytes: one round trip.
+    The fold never lowers P: fewer, longer shards cost more than the fold saves (Qwen3-0.6B at
+    context 4096 with P 8, +100 us; the 8B's P 4, +230 us: NOTES v30, v33)."""
     x = -(-nh * hd * 4 // 1024) * 1024
-    return max(0, (opts.fold_partial_bytes - x) // (nh * (hd + 2) * 4))
+    return x + P * nh * (hd + 2) * 4 <= opts.fold_partial_bytes
 
 
 def shard_rows(opts: PassOptions) -> int:
@@ -128,11 +119,7 @@ def split_kv(program: Program, opts: PassOptions | None = None) -> Program:
         one = B == 1 and not opts.combine_per_group     # one combine, folded into its readers
         if (one and opts.fold_partial_bytes and opts.attn_splits is None
                 and not fold_fits(nh, hd, P, opts)):
-            cap = fold_cap(nh, hd, opts)
-            if cap >= opts.fold_min_shards:
-                P = cap          # the fold, and every context up to cap x R its live shards
-            else:
-                one = False
+            one = False
         pos = t.inputs[3] if len(t.inputs) > 3 else None
         # the live count needs the runtime pos (and more than one shard); a static window's P
         # is already its count

@@ -94,12 +94,7 @@ def test_llama_1b_shape_split_kv_step_with_history_matches_reference_vm(pos):
 
 SHAPES = {"qwen3-0.6b": replace(QWEN3_0_6B, n_layers=2),              # head dim 128, qk-norm
           "qwen2-biases": replace(LLAMA_3_2_1B, n_layers=2, qkv_bias=True),
-          "llama-3-8b": replace(LLAMA_3_8B, n_layers=1),
-          # few kv heads: P lowered to what the o tile's fold stages (split_kv.fold_cap: 23, 17)
-          "kv2-hd128": replace(LLAMA_3_2_1B, n_layers=2, hidden=1536, n_heads=12, n_kv_heads=2,
-                               head_dim=128, ffn=8960, qkv_bias=True),
-          "kv1-hd256": replace(LLAMA_3_2_1B, n_layers=1, hidden=2048, n_heads=8, n_kv_heads=1,
-                               head_dim=256, ffn=16384)}
+          "llama-3-8b": replace(LLAMA_3_8B, n_layers=1)}
 
 
 # 8192 rows, R = 128: the biases' 1B shape P = 8 folded (the o tile's staging area holds 8

@@ -8,7 +8,7 @@ from pass_helpers import (SMALL, TINY, bindings, check_lines, close, golden, lla
 
 from small_programs import TWO_SMS, attention_program
 from amk.passes.options import PassOptions, Target
-from amk.passes.split_kv import fold_cap, split_kv
+from amk.passes.split_kv import split_kv
 from amk.program.ir import InstructionKind as K
 
 GOLDEN = """
@@ -133,32 +133,6 @@ def test_batch_1_folds_its_combine_only_where_a_reader_stages_every_partial(pres
     assert split(opts.with_(fold_partial_bytes=need - 1)) == ({16}, cfg.n_kv_heads)
     assert split(opts.with_(attn_splits=12)) == ({12}, 1)
     assert split(opts, batch=4) == split(opts.with_(fold_partial_bytes=None), batch=4)
-
-
-@pytest.mark.parametrize("kv_heads, n_heads, head_dim, P", [(2, 12, 128, 23), (1, 8, 256, 17)])
-def test_few_kv_heads_lower_p_to_what_the_fold_stages_when_that_keeps_enough_shards(
-        kv_heads, n_heads, head_dim, P):
-    """One or two kv heads at an 8K cache derive 56 shards (the operand bound), whose partials
-    no o tile stages: P comes down to the most that fit beside x (fold_cap), 23 and 17 here,
-    and the one combine is folded, since that leaves at least fold_min_shards (16): every
-    context up to 2048 rows keeps its live shards. A higher minimum keeps 56 shards and one
-    combine a kv group instead; the fold's bound is what P becomes."""
-    cfg = replace(TINY, n_layers=1, vocab=256, max_seq=8192, hidden=n_heads * head_dim,
-                  n_heads=n_heads, n_kv_heads=kv_heads, head_dim=head_dim, ffn=256)
-    opts = PassOptions.for_backend("cuda")
-
-    def split(o):
-        prog = run_passes(llama_program(cfg), o, upto="split_kv")["split_kv"]
-        shards = {t.params.get("kv_shards", 1) for t in prog.tasks if t.op is K.ATTENTION_TILE}
-        return shards, sum(t.op is K.ATTENTION_COMBINE for t in prog.tasks)
-
-    x = -(-n_heads * head_dim * 4 // 1024) * 1024
-    assert fold_cap(n_heads, head_dim, opts) == P
-    assert x + P * n_heads * (head_dim + 2) * 4 <= opts.fold_partial_bytes
-    assert x + (P + 1) * n_heads * (head_dim + 2) * 4 > opts.fold_partial_bytes
-    assert split(opts) == ({P}, 1)
-    assert split(opts.with_(fold_min_shards=P + 1)) == ({56}, kv_heads)
-    assert split(opts.with_(fold_partial_bytes=None)) == ({56}, 1)
 
 
 def test_no_backend_task_merges_more_partials_than_it_may_have_operands():

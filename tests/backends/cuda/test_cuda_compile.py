@@ -127,11 +127,10 @@ def test_the_1b_kernel_spills_in_no_function():
 def test_a_combine_of_more_partials_than_it_keeps_in_registers_does_not_spill(kv_heads, npc):
     """Few kv heads at an 8K cache split each into 33-56 shards: combine_direct (comb_merge)
     loads their m again with their l past 16 partials, a group at a time in a loop. Keeping
-    every m, unrolled, spilled combine_direct 20 / 24 B and the scheduler 32 / 88 B (v47).
-    (Head dim 128: at 64 the o tile's fold stages 16 of these partials, so P comes down to 16.)"""
-    cfg = replace(LLAMA_3_2_1B, max_seq=8192, n_layers=2, n_kv_heads=kv_heads, head_dim=128)
+    every m, unrolled, spilled combine_direct 20 / 24 B and the scheduler 32 / 88 B (v47)."""
+    cfg = replace(LLAMA_3_2_1B, max_seq=8192, n_layers=2, n_kv_heads=kv_heads)
     src = render(random_model(cfg, device="meta").lower(backend="cuda").program)
-    assert f"op_combine<float, bf16, 128, {npc}>" in src
+    assert f"op_combine<float, bf16, 64, {npc}>" in src
     blocks = dict(re.findall(r"Function properties for (\S+)\n(.*)\n", compile_source(src, "sm_90a").log))
     for name, line in blocks.items():
         if "combine" in name or "run_variant" in name:
