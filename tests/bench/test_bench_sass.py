@@ -91,7 +91,6 @@ def test_the_tool_reads_the_tiny_presets_machine_code(tmp_path, quant):
     # among them), the report's loops with local memory among them
     lps = sass.loops(sass.parse((tmp_path / "kernel.sass").read_text()))
     assert any(lp["innermost"] and lp["instructions"] > 10 for lp in lps)
-    assert all(lp["start"] < lp["end"] for lp in lps)
     assert rep["loops_with_local_memory"] == [lp for lp in lps if lp["local"]]
 
 
