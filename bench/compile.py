@@ -90,7 +90,8 @@ def compile_once(model, args, nvrtc: bool) -> tuple[Clock, dict]:
                         cuda_options=low.cuda_options).cache_hit
     clock.wall["total"], clock.cpu["total"] = time.perf_counter() - w, time.process_time() - c
     # outside the timed part: the digests that a change which must not change the kernel keeps
-    info = {"tasks": len(low.program.tasks), "pass_cache_hit": low.timings["cache_hit"],
+    info = {"tasks": len(low.program.tasks), "variants": len(lowered.variants),
+            "pass_cache_hit": low.timings["cache_hit"],
             "cubin_cache_hit": hit, "kernel_sha": hashlib.sha256(source.encode()).hexdigest()[:16],
             "tables_sha": tables_digest(lowered),
             "program_sha": hashlib.sha256(repr(low.program).encode()).hexdigest()[:16]}
@@ -127,14 +128,15 @@ def measure(name: str, layers: int | None, nvrtc: bool, profile_dir: str | None,
 
 def table(rows: list[dict]) -> str:
     head = f"{'model':<20} {'run':<5} {'wall s':>7} {'cpu s':>7}  " + " ".join(
-        f"{p:>7}" for p in PHASES) + "  kernel.cu / tables / program sha256"
+        f"{p:>7}" for p in PHASES) + "  variants  kernel.cu / tables / program sha256"
     lines = [head, "-" * len(head)]
     for r in rows:
         for label in ("cold", "warm"):
             x = r[label]
             phases = " ".join(f"{x['wall'].get(p, float('nan')):7.2f}" for p in PHASES)
             lines.append(f"{r['model']:<20} {label:<5} {x['wall']['total']:7.2f} "
-                         f"{x['cpu']['total']:7.2f}  {phases}  {x['kernel_sha']} / {x['tables_sha']} / {x['program_sha']}")
+                         f"{x['cpu']['total']:7.2f}  {phases}  {x.get('variants', '?'):>8}  "
+                         f"{x['kernel_sha']} / {x['tables_sha']} / {x['program_sha']}")
     lines.append("(phases: wall seconds; trace and passes from Lowered.timings)")
     return "\n".join(lines)
 
