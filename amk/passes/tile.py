@@ -145,14 +145,10 @@ def _untiled(task: Task, n: int) -> bool:
 
 
 def _split(task: Task, grid: list[tuple[int, int]]) -> list[Task]:
-    """One task a tile. A GEMV's short last tile also names its grid's width (N_grid): a backend
-    that plans a tile's work from its rows plans it as its siblings' (the cuda backend's
-    quantized GEMV: one variant a stage, not one more for the end tiles, NOTES v57)."""
-    n, wide = len(grid), grid[0][1]
+    n = len(grid)
     return [new_task(task.id, task.op, task.inputs, task.outputs,
-                     {**task.params, "n_off": lo, "N_tile": w,
-                      **({"N_grid": wide} if task.op in GEMV and w < wide else {})},
-                     task.waits, task.out_counter, f"{task.name}[tile {i}/{n}]")
+                     {**task.params, "n_off": lo, "N_tile": w}, task.waits, task.out_counter,
+                     f"{task.name}[tile {i}/{n}]")
             for i, (lo, w) in enumerate(grid)]
 
 

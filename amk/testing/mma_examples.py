@@ -42,10 +42,8 @@ def _fp8_codes(shape):
 
 
 def quant_case(fmt: str, M: int, N: int, Kd: int, group: int, zeros: bool, bias: bool,
-               n_off: int, n_tile: int, prefix: str = "mma", ks: tuple[int, int] | None = None,
-               n_grid: int | None = None) -> Case:
-    """One quantized GEMV tile of M rows of bf16 x (random codes, scales, integer zeros); n_grid:
-    a short end tile of a grid that wide (tile's N_grid: its items planned as its siblings')."""
+               n_off: int, n_tile: int, prefix: str = "mma", ks: tuple[int, int] | None = None) -> Case:
+    """One quantized GEMV tile of M rows of bf16 x (random codes, scales, integer zeros)."""
     ng = math.ceil(Kd / group)
     if fmt == "int8":
         q = ("qw", BK.WEIGHT, D.I8, (N, Kd))
@@ -68,11 +66,8 @@ def quant_case(fmt: str, M: int, N: int, Kd: int, group: int, zeros: bool, bias:
         ins.append(("bias", BK.WEIGHT, D.BF16, (N,)))
         fill["bias"] = _rand((N,), torch.bfloat16)
         params["bias"] = True
-    if n_grid is not None:
-        params["N_grid"] = n_grid
     op = K.GEMV_TILE if M == 1 else K.GEMM_TILE
-    name = (f"{prefix}_{fmt}_m{M}_k{Kd}_g{group}{'_z' if zeros else ''}{'_bias' if bias else ''}"
-            f"{f'_grid{n_grid}' if n_grid is not None else ''}")
+    name = f"{prefix}_{fmt}_m{M}_k{Kd}_g{group}{'_z' if zeros else ''}{'_bias' if bias else ''}"
     y = D.BF16
     if ks is not None:                 # a K slice: fp32 partial sums (passes/tile.split_k)
         params.update(k_off=ks[0], K_tile=ks[1] - ks[0])

@@ -31,8 +31,4 @@ def cases() -> list[Case]:
     C.append(quant_case("int8", 1, 260, 4096, 128, True, False, 3, 250, "qd"))
     C.append(quant_case("int4", 1, 260, 4096, 64, False, True, 3, 250, "qd"))
     C.append(quant_case("fp8", 1, 260, 4096, 4096, False, False, 3, 250, "qd"))
-    # short end tiles planned for their grid's width (N_grid): int4 8 rows as 24 (RI 2, 4 items),
-    # int8 7 rows as 250 (the rolling buffer with warps of no item)
-    C.append(quant_case("int4", 1, 260, 2048, 64, False, False, 252, 8, "qd", n_grid=24))
-    C.append(quant_case("int8", 1, 260, 4096, 128, False, True, 253, 7, "qd", n_grid=250))
     return C

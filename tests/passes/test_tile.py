@@ -45,15 +45,3 @@ def test_tile_width_from_options():
     gate = [t for t in narrow.tasks if t.op is K.GEMV_TILE and "layers.0.w_gate" in t.name]
     assert [(t.params["n_off"], t.params["N_tile"]) for t in gate] == [(0, 16), (16, 16),
                                                                          (32, 16), (48, 16)]
-
-
-def test_a_short_end_tile_names_its_grid_width():
-    """N_grid: a GEMV whose columns do not divide by the width ends in a short tile that names
-    the width of its siblings (a backend plans its work as theirs); whole tiles and the
-    elementwise tiles after it carry no N_grid."""
-    p = llama_program()
-    tiled = run_passes(p, PassOptions(target=SMALL, tile_n=24), upto="tile")["tile"]
-    gate = [t.params for t in tiled.tasks if t.op is K.GEMV_TILE and "layers.0.w_gate" in t.name]
-    assert [(g["n_off"], g["N_tile"], g.get("N_grid")) for g in gate] == [
-        (0, 24, None), (24, 24, None), (48, 16, 24)]
-    assert not any("N_grid" in t.params for t in tiled.tasks if t.op is not K.GEMV_TILE)

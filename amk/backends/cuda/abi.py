@@ -87,12 +87,9 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # of each warp's weight ring (gemv_batch.py);
     # ARG_SLOTS: its EPI 3 partials a row of x (the argmax's tiles)
     # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
-    # N_PLAN: the rows op_gemv_qdirect plans its items for (a short end tile: its siblings',
-    # tile.N_grid; gemv_quant.plan_items); host-side only, no template reads it
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
              "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
-             "RD", "KLO", "KHI",      # KLO, KHI: op_gemv_mma KS's K slice [KLO, KHI) of K
-             "N_PLAN"),
+             "RD", "KLO", "KHI"),     # KLO, KHI: op_gemv_mma KS's K slice [KLO, KHI) of K
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row

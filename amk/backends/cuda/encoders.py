@@ -202,10 +202,8 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
                  f"and the tensor-core GEMV, which takes x in windows, cannot run it (it takes bf16 x with "
                  f"bf16 weights, or quantized ones in groups of whole k-blocks; K a multiple of 8); "
                  f"here x is {x.dtype.name}, the weights {w.dtype.name}")
-    # a short end tile plans its items for its siblings' rows: one variant a stage (NOTES v57)
-    n_plan = max(n_tile, int(p.get("N_grid", n_tile)))
     if qdirect:
-        ri, roll = gemv_quant.plan_items(qmode, 1, n_plan, Kd, zeros is not None)
+        ri, roll = gemv_quant.plan_items(qmode, 1, n_tile, Kd, zeros is not None)
         var = gemv_quant.gemv_qdirect(tx=ftype(t, x.dtype), ty=ftype(t, out.dtype), ts=ts, tz=tz, qmode=qmode,
                                       nmat=1, epi=0, bias=has_bias, zeros=zeros is not None, ri=ri, roll=roll)
     elif mma is not None and not direct:
@@ -224,7 +222,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     if var.fn == "op_gemv_mma":
         e.ip.update(gemv_batch.plan_ip(mma), **(dict(KLO=klo, KHI=khi) if ks else {}))
     if qdirect:
-        e.ip.update(GSHIFT=gshift, N_PLAN=n_plan)
+        e.ip["GSHIFT"] = gshift
     return e
 
 

@@ -86,7 +86,6 @@ def x_floats(K: int, qmode: int) -> int:
 
 
 def replan(v: Variant, ip: dict, nmat: int) -> Variant:
-    """The variant of an op_gemv_qdirect step once it runs nmat matrices (pair_gemvs), its items
-    planned for N_PLAN rows as the encoder's were."""
-    ri, roll = plan_items(v.arg("qmode"), nmat, ip.get("N_PLAN", ip["N_TILE"]), ip["K"], v.arg("zeros"))
+    """The variant of an op_gemv_qdirect step once it runs nmat matrices (pair_gemvs)."""
+    ri, roll = plan_items(v.arg("qmode"), nmat, ip["N_TILE"], ip["K"], v.arg("zeros"))
     return v.with_(nmat=nmat, ri=ri, roll=roll)

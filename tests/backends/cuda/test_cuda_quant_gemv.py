@@ -88,24 +88,6 @@ def test_a_quantized_batch1_step_folds_as_the_float_step_does(fmt, group):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
-def test_a_stages_short_end_tiles_take_its_variant(fmt):
-    """The 1B's q/k/v stage: 127 tiles of 24 rows and three end tiles of 8 (wq 2048 = 85 x 24
-    + 8, wk and wv 512 = 21 x 24 + 8). The end tiles plan their items for 24 rows (N_PLAN, from
-    tile's N_grid), so the stage compiles one op_gemv_qdirect, not a second one for RI 1
-    (NVRTC's time is the sum of its variants, NOTES v39, v57)."""
-    from amk.backends.cuda.lower import fold_program
-    prog, _ = _one_layer(fmt)
-    stage: dict[int, set] = {}
-    for ft in fold_program(prog).tasks:
-        for e, *_ in ft.steps:
-            if e.is_fn("op_gemv_qdirect") and e.variant.arg("norm") and e.ip["N_TILE"] <= 24:
-                stage.setdefault(e.ip["N_TILE"], set()).add((e.variant, e.ip["N_PLAN"]))
-    assert sorted(stage) == [8, 24]
-    (short,), (whole,) = stage[8], stage[24]
-    assert short == whole and whole[1] == 24
-
-
-@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
 def test_int4_gemvs_that_stage_x_pad_it_and_the_ones_reading_a_staged_x_do_not(fmt):
     """xpad (gemv_quant.gemv_qdirect): an int4 op_gemv_qdirect that stages x itself (its norm,
     or x from global memory: down) writes it padded and reads it without rotating its weights;
