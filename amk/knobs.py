@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from amk.backends.cuda.options import KERNELS, CudaOptions
+from amk.backends.cuda.options import CudaOptions
 
 
 def _int(name: str, default: int) -> int:
@@ -55,17 +55,6 @@ def backend() -> str:
 
 
 # ---- the CUDA kernel's shape (part of every CUDA cache key) -------------------------------------
-def kernel() -> str:
-    """AMK_KERNEL=v1|v2: the CUDA megakernel's design. v1 (default): 512 threads an SM load each
-    GEMV's weights into registers after its counter wait. v2: a producer warpgroup an SM streams every
-    float GEMV's weights, task after task, into a ring of shared-memory pages ahead of the
-    consumers, never waiting on counters (cuda/ring.py; AMK_PRELOAD is not used)."""
-    v = os.environ.get("AMK_KERNEL", "") or "v1"
-    if v not in KERNELS:
-        raise ValueError(f"AMK_KERNEL={v!r}: expected one of {', '.join(KERNELS)}")
-    return v
-
-
 def preload_bytes() -> int:
     """AMK_PRELOAD: bytes of a batch-1 GEMV tile's first weight rows (q/k/v, o, gate/up, down,
     the LM head) that the CUDA kernel copies into shared memory while the task before it runs
@@ -136,7 +125,7 @@ def vm_timeout_s() -> float:
 def cuda_options() -> CudaOptions:
     """Every CUDA knob, read now, as the CudaOptions the backend gets."""
     src = cuda_source()
-    return CudaOptions(kernel=kernel(), preload_bytes=preload_bytes(), spin_ns=spin_ns(),
+    return CudaOptions(preload_bytes=preload_bytes(), spin_ns=spin_ns(),
                        counter_stride=counter_stride(), profile=profile(), lineinfo=lineinfo(),
                        source=src[1] if src else None, source_path=src[0] if src else "",
                        watchdog_s=watchdog_s(), cache_dir=cache_dir())

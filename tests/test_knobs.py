@@ -49,12 +49,12 @@ def test_the_source_override_is_keyed_by_its_content(monkeypatch, tmp_path):
 
 
 def test_defaults_are_the_options_defaults(monkeypatch):
-    for name in ("AMK_KERNEL", "AMK_SPIN_NS", "AMK_COUNTER_STRIDE", "AMK_PRELOAD", "AMK_PROFILE",
+    for name in ("AMK_SPIN_NS", "AMK_COUNTER_STRIDE", "AMK_PRELOAD", "AMK_PROFILE",
                  "AMK_LINEINFO", "AMK_CUDA_SOURCE", "AMK_WATCHDOG_S"):
         monkeypatch.delenv(name, raising=False)
     assert knobs.cuda_options() == CudaOptions(cache_dir=knobs.cache_dir())
-    assert (CudaOptions().kernel, CudaOptions().spin_ns, CudaOptions().counter_stride,
-            CudaOptions().preload_bytes) == ("v1", 128, 1, 65536)
+    assert (CudaOptions().spin_ns, CudaOptions().counter_stride,
+            CudaOptions().preload_bytes) == (128, 1, 65536)
 
 
 def test_jit_reads_the_cuda_knobs_once_per_function(monkeypatch):

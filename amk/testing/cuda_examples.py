@@ -433,22 +433,3 @@ def combined_program(cs: list[Case] | None = None) -> Program:
                               tuple(Wait(w.counter + coff, w.threshold) for w in t.waits),
                               t.out_counter + coff, f"{c.name}"))
     return Program(tuple(bufs), tuple(counters), tuple(tasks), (), "all_cases", ())
-
-
-def ring_stall_program(tiles: int = 4, rows: int = 64, cols: int = 2048) -> Program:
-    """Kernel v2's producer blocked on a full ring while its consumers are stuck: one CTA runs a
-    copy that waits for a count its producer never reaches ("waits_forever"), then `tiles` bf16
-    GEMV tiles of `rows` x `cols` (more items than the ring has pages), so the producer has filled
-    every page and waits for one to empty when the watchdog fires. The run must raise the
-    deadlock, not hang."""
-    b = Builder("ring_stall")
-    x = b.buf("x", BK.IO_INPUT, D.BF16, (1, cols))
-    x2 = b.buf("x2", BK.ACTIVATION, D.BF16, (1, cols))
-    w = b.buf("w", BK.WEIGHT, D.BF16, (tiles * rows, cols))
-    y = b.buf("y", BK.IO_OUTPUT, D.BF16, (1, tiles * rows))
-    c = b.task(K.COPY, [x], [x2])
-    b.task(K.COPY, [x], [x2], waits=[(c, 5)], name="waits_forever")
-    for i in range(tiles):
-        b.task(K.GEMV_TILE, [x, w], [y], {"n_off": rows * i, "N_tile": rows, "K": cols})
-    b.outputs = [y]
-    return b.program([[0], list(range(1, 2 + tiles))])

@@ -18,11 +18,11 @@ CASES = examples.cases()
 TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
 
 
-@pytest.fixture(scope="module", params=["v1", "v2"])
-def runs(request):
-    """Every case on kernel v1, then on v2 (its float GEMVs through the weight ring)."""
+@pytest.fixture(scope="module")
+def runs():
+    """Every case in one megakernel."""
     prog = examples.combined_program(CASES)
-    cp = CudaProgram(prog, "cuda", validate=False, options=CudaOptions(kernel=request.param))
+    cp = CudaProgram(prog, "cuda", validate=False)
     results = []
     for seed in (1, 2):                                    # two draws of fresh inputs
         binds = {}

@@ -1,9 +1,6 @@
 """Whole programs on the megakernel: a multi-task, multi-CTA chain against the ReferenceVM,
 monotonic counters over 1,000 steps, a task with more waits than its descriptor carries, the
-profile build's marks, and the watchdog turning a deadlock into an error; the chain, the 1,000
-steps, the graph capture, the profile marks and the deadlocks also on kernel v2 (AMK_KERNEL=v2:
-its GEMVs' weights through the producer's ring), whose producer must not hang a deadlock either;
-and the argmax of many rows over its tiles' partials, with ties across tiles."""
+profile build's marks, and the watchdog turning a deadlock into an error; and the argmax of many rows over its tiles' partials, with ties across tiles."""
 import time
 
 import pytest
@@ -69,15 +66,11 @@ def chain_bindings(seed):
             "head": (torch.randn(96, 128, generator=g) * 0.1).bfloat16()}
 
 
-KERNELS = ["v1", "v2"]
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("queues", [True, False])
-def test_chain_matches_reference_vm(queues, kernel):
+def test_chain_matches_reference_vm(queues):
     from amk.backends.reference.vm import ReferenceVM
     prog = chain_program(queues)
-    cp = CudaProgram(prog, "cuda", options=CudaOptions(kernel=kernel))
+    cp = CudaProgram(prog, "cuda", options=CudaOptions())
     for seed in (0, 1):
         binds = chain_bindings(seed)
         ref = ReferenceVM(prog, device="cpu").run(binds)
@@ -131,10 +124,9 @@ def test_a_stuck_wait_past_the_inline_ones_is_named():
     assert f"counter {n - 1} = 1" in str(ei.value)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_thousand_steps_are_identical(kernel):
+def test_thousand_steps_are_identical():
     prog = chain_program()
-    cp = CudaProgram(prog, "cuda", options=CudaOptions(kernel=kernel))
+    cp = CudaProgram(prog, "cuda", options=CudaOptions())
     binds = {k: v.cuda() for k, v in chain_bindings(3).items()}
     first = [t.clone() for t in cp.run(binds)]
     for _ in range(999):
@@ -145,10 +137,9 @@ def test_thousand_steps_are_identical(kernel):
     assert int(cp.state[0].item()) == 1001                  # the epoch the kernel advanced
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_cuda_graph_capture_of_one_step(kernel):
+def test_cuda_graph_capture_of_one_step():
     prog = chain_program()
-    cp = CudaProgram(prog, "cuda", options=CudaOptions(kernel=kernel))
+    cp = CudaProgram(prog, "cuda", options=CudaOptions())
     binds = {k: v.cuda() for k, v in chain_bindings(4).items()}
     ref = [t.clone() for t in cp.run(binds)]
     s = torch.cuda.Stream()
@@ -163,13 +154,12 @@ def test_cuda_graph_capture_of_one_step(kernel):
     assert torch.equal(cp.buffers[prog.outputs[0]], ref[0])
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_profile_build_records_each_gemv_tasks_marks_in_order(kernel):
+def test_profile_build_records_each_gemv_tasks_marks_in_order():
     """The profile build (AMK_PROFILE=1): every plain op_gemv_direct task records its AMK_MARK points 0..4 (entered,
     x staged, warp 0's first item, all items, stored) in order between its wait's end and its
     end; FUSED tasks keep their steps' starts in those words instead and have no marks."""
     prog = chain_program()
-    cp = CudaProgram(prog, "cuda", options=CudaOptions(profile=True, kernel=kernel))
+    cp = CudaProgram(prog, "cuda", options=CudaOptions(profile=True))
     cp.run({k: v.cuda() for k, v in chain_bindings(5).items()})
     rows = {r[0]: r for r in cp.profile()}
     marks = cp.profile_marks()
@@ -184,8 +174,7 @@ def test_profile_build_records_each_gemv_tasks_marks_in_order(kernel):
     assert fused and all(i in steps and i not in marks for i in fused)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_deadlock_raises_instead_of_hanging(kernel):
+def test_deadlock_raises_instead_of_hanging():
     b = Builder("stuck")
     x = b.buf("x", BK.IO_INPUT, D.F32, (8,))
     y = b.buf("y", BK.IO_OUTPUT, D.F32, (8,))
@@ -193,26 +182,13 @@ def test_deadlock_raises_instead_of_hanging(kernel):
     b.task(K.COPY, [x], [y], waits=[(c, 5)], name="waits_forever")   # only one incrementer
     b.outputs = [y]
     cp = CudaProgram(b.program(), "cuda", validate=False,
-                     options=CudaOptions(watchdog_s=0.2, kernel=kernel))
+                     options=CudaOptions(watchdog_s=0.2))
     t0 = time.time()
     with pytest.raises(DeadlockError, match="waits_forever") as ei:
         cp.run({"x": torch.ones(8, device="cuda")})
     assert time.time() - t0 < 30
     assert "counter 0 = 1" in str(ei.value)
 
-
-def test_v2_deadlock_with_the_producer_waiting_on_a_full_ring_raises():
-    """Kernel v2: the stuck copy's CTA has GEMV tiles after it, so its producer has filled every
-    page of the ring and waits for one to empty; the consumers' watchdog names the stuck task,
-    and the abort ends the producer's wait, so the kernel ends."""
-    from amk.testing.cuda_examples import ring_stall_program
-    cp = CudaProgram(ring_stall_program(), "cuda", validate=False,
-                     options=CudaOptions(watchdog_s=0.2, kernel="v2"))
-    x = torch.randn(1, 2048, device="cuda").bfloat16()
-    t0 = time.time()
-    with pytest.raises(DeadlockError, match="waits_forever"):
-        cp.run({"x": x, "w": torch.randn(256, 2048, device="cuda").bfloat16()})
-    assert time.time() - t0 < 30
 
 
 def argmax_rows_program(rows, tiles=5, H=64, tile_n=24):

@@ -1,11 +1,8 @@
 """CUDA conformance on random decode steps: the strategies of tests/property drive
 `amk.jit(fn, backend="cuda")` on CUDA tensors, and the reference VM runs the very program the CUDA
 backend compiled (same stages, same options) on the CPU as the oracle. 20 examples, derandomized;
-a failure prints the decode step, the program text and the @reproduce_failure blob. 8 more on
-kernel v2 (AMK_KERNEL=v2)."""
+a failure prints the decode step, the program text and the @reproduce_failure blob."""
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -34,22 +31,6 @@ def flat_outputs(result) -> list[torch.Tensor]:
 @given(case=decode_steps(donate=True, kinds=KINDS))
 def test_random_programs_on_cuda_match_the_reference_vm(case):
     check_against_vm(case)
-
-
-@settings(max_examples=8, deadline=None, derandomize=True, database=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(case=decode_steps(donate=True, kinds=KINDS))
-def test_random_programs_on_kernel_v2_match_the_reference_vm(case):
-    """The same on kernel v2 (AMK_KERNEL=v2: float GEMVs through the weight ring), fewer draws."""
-    old = os.environ.get("AMK_KERNEL")
-    os.environ["AMK_KERNEL"] = "v2"             # read once, at the step's first call
-    try:
-        check_against_vm(case)
-    finally:
-        if old is None:
-            del os.environ["AMK_KERNEL"]
-        else:
-            os.environ["AMK_KERNEL"] = old
 
 
 def check_against_vm(case):

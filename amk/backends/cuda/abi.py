@@ -81,14 +81,12 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # PRE: op_gemv_direct's first PRE rows of each matrix are in smem at AMK_PRE_OFF (preload.py)
     # fp EPS: the RMSNorm op_gemv_direct runs itself (NORM, folds.norm_into_gemv)
     # BIAS_AT: the bias input's index (0: none; a quantized GEMV's bias is its last input)
-    # RING (kernel v2, ring.py): NMAT when op_gemv_direct's weights stream through the ring, else
-    # 0; ROWB: bytes of a row the GEMV reads; PITCH: bytes from one row to the next
     # KW, SPI, RD: op_gemv_mma's x window (elements of K), K segments an item and the stages
     # of each warp's weight ring (gemv_batch.py);
     # ARG_SLOTS: its EPI 3 partials a row of x (the argmax's tiles)
     # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
-             "PRE", "BIAS_AT", "RING", "ROWB", "PITCH", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
+             "PRE", "BIAS_AT", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
              "RD", "KLO", "KHI"),     # KLO, KHI: op_gemv_mma KS's K slice [KLO, KHI) of K
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),

@@ -17,16 +17,14 @@ from amk.backends.cuda import abi
 from amk.backends.cuda.abi import MAX_PTRS
 from amk.backends.cuda.lowered_cache import lower_program_cached
 from amk.backends.cuda.options import CudaOptions
-from amk.backends.cuda import ring
-from amk.backends.cuda.smem import (CONSUMER_REGS, NTHREADS, PRE_OFF, PRODUCER_REGS, RING_OFF, STAGE_OFF,
-                                    cta_threads, stage_bytes)
+from amk.backends.cuda.smem import NTHREADS, PRE_OFF, STAGE_BYTES, STAGE_OFF
 from amk.backends.cuda.steps import RMS_RN, Variant
 from amk.backends.cuda.kernel_spec import KernelSpec
 from amk.backends.cuda.tables import Lowered
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 # Order matters: later files use earlier ones.
-TEMPLATE_FILES = ("common.cuh", "ring.cuh", "ops_simple.cuh", "ops_models.cuh", "gemv.cuh", "gemv_quant.cuh",
+TEMPLATE_FILES = ("common.cuh", "ops_simple.cuh", "ops_models.cuh", "gemv.cuh", "gemv_quant.cuh",
                   "gemv_batch.cuh", "attention.cuh", "attention_mma.cuh", "scheduler.cu")
 
 
@@ -65,9 +63,8 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
     cases = "\n".join(f"    case {i}: {call_text(v)}; break;" for i, v in enumerate(spec.variants))
     t = _templates()
     parts = [f"// AMK megakernel: {len(spec.variants)} instruction variants\n",
-             f"#define AMK_NTHREADS {NTHREADS}\n#define AMK_CTA_THREADS {cta_threads(options.kernel)}\n"
-             f"#define AMK_STAGE_OFF {STAGE_OFF}\n#define AMK_STAGE_BYTES {stage_bytes(options.kernel)}\n"
-             + _ring_defines(spec, options) +
+             f"#define AMK_NTHREADS {NTHREADS}\n"
+             f"#define AMK_STAGE_OFF {STAGE_OFF}\n#define AMK_STAGE_BYTES {STAGE_BYTES}\n"
              f"#define AMK_SPIN_NS {options.spin_ns}\n#define AMK_CSTRIDE {options.counter_stride}\n"
              f"#define AMK_PRE {int(spec.pre)}\n#define AMK_PRE_OFF {PRE_OFF}\n"
              f"#define AMK_RMS_RN {RMS_RN}\n"
@@ -82,17 +79,6 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
     parts.append("// ---- scheduler.cu ----\n"
                  + Template(t["scheduler.cu"]).substitute(cases=cases, max_ptrs=MAX_PTRS))
     return "\n".join(parts)
-
-
-def _ring_defines(spec: KernelSpec, options: CudaOptions) -> str:
-    """Kernel v2's switch and its ring's geometry (ring.py): the page is the largest item of the
-    program's RING steps, as many pages as the ring's bytes hold."""
-    if options.kernel != "v2":
-        return "#define AMK_KERNEL_V2 0\n#define AMK_RING_OFF 0\n#define AMK_RING_SLOT 16\n#define AMK_RING_PAGES 1\n"
-    slot = spec.ring_slot
-    return (f"#define AMK_KERNEL_V2 1\n#define AMK_RING_OFF {RING_OFF}\n"
-            f"#define AMK_CONSUMER_REGS {CONSUMER_REGS}\n#define AMK_PRODUCER_REGS {PRODUCER_REGS}\n"
-            f"#define AMK_RING_SLOT {slot}\n#define AMK_RING_PAGES {ring.pages(slot)}\n")
 
 
 def render(program: Program, options: CudaOptions = CudaOptions()) -> str:

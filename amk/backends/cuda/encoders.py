@@ -9,12 +9,12 @@ from amk.program.ir import BufferKind, DType, InstructionKind as K
 from amk.passes.tile import SPLIT_K_ALIGN
 from amk.program.regions import NEW_KV, combine_partials, k_range, seq_range
 from amk.backends.cuda import abi, gemv_batch, gemv_quant
-from amk.backends.cuda.ring import SEG_BYTES
 from amk.backends.cuda.smem import GEMV_X_MAX, NWARPS, XS_MAX
 from amk.backends.cuda.steps import (RMS_RN, Encoded, Variant, View, ctype, fail, ftype,
                                      int_input)
 
 HD_MAX = 256            # largest attention head_dim the templates handle
+SEG_BYTES = 4096        # a row's K segment an op_gemv_direct item reads: 32 lanes x GU 8 x 16 B
 QMODES = {int(DType.I8): 1, int(DType.I4): 2, int(DType.F8E4M3): 3}   # qdtype -> op_gemv's QMODE
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from amk.gcpause import without_gc
 from amk.program.ir import InstructionKind as K
-from amk.backends.cuda import ring
 from amk.backends.cuda.abi import MAX_PTRS
 from amk.backends.cuda.steps import Folded, Variant
 
@@ -23,7 +22,6 @@ class KernelSpec:
     encoded: tuple[Variant, ...]     # the same before the PRE marks: as the encoders made them
     pre: bool                        # a task copies the next task's rows (AMK_PRE, preload.py)
     zero: bool                       # a FUSED task zeroes scratch first (AMK_ZERO)
-    ring_slot: int                   # kernel v2's page: the largest item of its RING steps
     too_many: tuple[int, ...]        # ids of tasks with a descriptor of > MAX_PTRS operands
 
 
@@ -37,7 +35,6 @@ def runs_steps(ft) -> bool:
 def kernel_spec(folded: Folded) -> KernelSpec:
     index: dict[Variant, int] = {}
     with_pre: set[Variant] = set()
-    ring_rows: list[int] = []
     too_many: list[int] = []
     zero = False
     seen: set[int] = set()       # the tasks of a kind share their Encoded objects (alive here)
@@ -56,12 +53,9 @@ def kernel_spec(folded: Folded) -> KernelSpec:
             if v is None:
                 continue
             index.setdefault(v, len(index))
-            if v.fn == "op_gemv_direct":
-                if enc.ip.get("PRE", 0) > 0:      # only the variants that read preloaded rows
-                    with_pre.add(v)               # get that path (never-run code costs: NOTES v16)
-                if v.arg("ring"):
-                    ring_rows.append(int(enc.ip.get("ROWB", 0)))
+            if v.fn == "op_gemv_direct" and enc.ip.get("PRE", 0) > 0:
+                with_pre.add(v)       # only the variants that read preloaded rows get that path
+                                      # (never-run code costs: NOTES v16)
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
-    return KernelSpec(variants, tuple(index), pre, zero, ring.slot_bytes(ring_rows),
-                      tuple(dict.fromkeys(too_many)))
+    return KernelSpec(variants, tuple(index), pre, zero, tuple(dict.fromkeys(too_many)))

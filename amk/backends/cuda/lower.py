@@ -24,7 +24,6 @@ from amk.backends.cuda.kernel_spec import KernelSpec, kernel_spec
 from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
-from amk.backends.cuda.ring import fit_below_ring, mark_ring_steps
 from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask,
                                      Fused, View, fail)
 from amk.backends.cuda.tables import Lowered, pack
@@ -41,11 +40,10 @@ def fold_program(program: Program, n_ctas: int = 132,
     tasks = []
     views = [_view(b) for b in program.buffers]       # one View per buffer, shared by its tasks
     memo.number(views)
-    ring = options.kernel == "v2"
     for t in program.tasks:
         ins = [views[b] for b in t.inputs]
         outs = [views[b] for b in t.outputs]
-        if t.op == K.FUSED and not ring and not argmax.touches(t):
+        if t.op == K.FUSED and not argmax.touches(t):
             # the whole folded task, preload included, once per kind (_LoweredKind.folded)
             ft, used = memo.folded(t, ins, outs, scratch, options.preload_bytes, pre_memo)
         else:
@@ -54,13 +52,10 @@ def fold_program(program: Program, n_ctas: int = 132,
             else:
                 fused, used = Fused([(encode_op(t, t.op, ins, outs, t.params), ins, outs)], []), 0
             ft = FoldedTask(t, ins, outs, argmax.steps(t, fused.steps, outs), fused.zero)
-            # v2's ring streams every tile's weights: no preload (it would be a second copy)
-            ft = mark_ring_steps(ft) if ring else preload(ft, options.preload_bytes, pre_memo)
+            ft = preload(ft, options.preload_bytes, pre_memo)
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
         tasks.append(ft)
-    if options.kernel == "v2":
-        fit_below_ring(tasks)
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
     return Folded(tasks, queues, scratch)

@@ -10,14 +10,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNELS = ("v1", "v2")
-
-
 @dataclass(frozen=True)
 class CudaOptions:
-    kernel: str = "v1"              # "v1" | "v2": v2 adds a producer warpgroup and its weight ring (ring.py)
-    preload_bytes: int = 65536      # a GEMV tile's weight bytes preloaded into smem (preload.py); 0 off;
-                                    #   v1 only (v2's ring streams every tile's weights)
+    preload_bytes: int = 65536      # a GEMV tile's weight bytes preloaded into smem (preload.py); 0 off
     spin_ns: int = 128              # longest sleep between two polls of a counter
     counter_stride: int = 1         # 4-byte words between two counters in device memory
     profile: bool = False           # per-task %globaltimer records (CudaProgram.profile)
@@ -27,15 +22,11 @@ class CudaOptions:
     watchdog_s: float = 1.0         # runtime only: no progress this long = a stuck schedule
     cache_dir: Path | None = None   # where the lowered tables and cubins are cached; None: nowhere
 
-    def __post_init__(self):
-        if self.kernel not in KERNELS:
-            raise ValueError(f"CudaOptions.kernel={self.kernel!r}: expected one of {KERNELS}")
-
     def key(self) -> str:
         """Everything here that changes the lowered tables, the source or the cubin (the source
         override by its content); not where caches live, the watchdog or debug printing."""
         src = hashlib.sha256(self.source.encode()).hexdigest() if self.source is not None else "-"
-        return repr((self.kernel, self.preload_bytes, self.spin_ns, self.counter_stride, self.profile,
+        return repr((self.preload_bytes, self.spin_ns, self.counter_stride, self.profile,
                      self.lineinfo, src))
 
     def __repr__(self) -> str:      # the override's text is long: its hash instead

@@ -20,7 +20,7 @@ from amk.program.ir import BufferKind, InstructionKind, Program
 from amk.program.validate import validate as validate_program
 from amk.backends.cuda import abi
 from amk.backends.cuda.codegen import render_lowered
-from amk.backends.cuda.smem import cta_threads, smem_bytes
+from amk.backends.cuda.smem import NTHREADS, SMEM_BYTES
 from amk.backends.cuda.compile import arch_of, compile_source
 from amk.backends.cuda.driver import Kernel
 from amk.backends.cuda.fault_mirror import FaultMirror
@@ -60,7 +60,7 @@ class CudaProgram:
         # (fault_mirror.py). amk.jit's steps run this way; True keeps run() = launch + check.
         self.sync_each_run = sync_each_run
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.nthreads, smem = cta_threads(options.kernel), smem_bytes(options.kernel)
+        self.nthreads, smem = NTHREADS, SMEM_BYTES
         t0 = time.perf_counter()
         self.lowered = low = lower_program_cached(program, sm_count, options)
         self.source = render_lowered(low, options)
@@ -281,13 +281,11 @@ class CudaProgram:
         code, task, value = int(st["fault"]), int(st["fault_task"]), int(st["fault_value"])
         if code == abi.FAULT_COPY:
             raise BackendUnavailable(
-                "megakernel fault: a bulk copy into shared memory (a GEMV tile's preload, a "
-                "combine's partials or kernel v2's weight ring) did not land within "
-                "AMK_WATCHDOG_S; AMK_PRELOAD=0 turns the preload off, AMK_KERNEL=v1 the ring (the "
-                "combine's copies have no switch); report the program")
+                "megakernel fault: a bulk copy into shared memory (a GEMV tile's preload or a "
+                "combine's partials) did not land within AMK_WATCHDOG_S; AMK_PRELOAD=0 turns the "
+                "preload off (the combine's copies have no switch); report the program")
         if code == abi.FAULT_DEADLOCK or int(st["abort"]):
-            producer = code == abi.FAULT_DEADLOCK and value == -1   # v2's (ring.cuh): no counter
-            raise DeadlockError(self._deadlock_report(task if producer else -1))
+            raise DeadlockError(self._deadlock_report())
         name = self._task_name(task)
         if code == abi.FAULT_KV_POS:
             raise TraceError(f"{name}: KV_APPEND position {value} is outside the cache; use a "
@@ -344,7 +342,7 @@ class CudaProgram:
             return f"task {tid} ({t.name or t.op.name})"
         return f"task {tid}"
 
-    def _deadlock_report(self, fault_task: int = -1) -> str:
+    def _deadlock_report(self) -> str:
         errs = self.errs.cpu().numpy().view(abi.ERR_DTYPE)
         lines = []
         for q, e in enumerate(errs):
@@ -352,9 +350,6 @@ class CudaProgram:
                 lines.append(f"  {self._task_name(int(e['task']))} on CTA {q}: counter "
                              f"{int(e['counter'])} = {int(e['value'])}, waits for >= "
                              f"{int(e['target'])}")
-        if not lines and fault_task >= 0:      # kernel v2's producer (ring.cuh): no counter
-            lines.append(f"  {self._task_name(fault_task)}: the weight ring's producer found no "
-                         "page freed (its consumers stopped taking them)")
         stuck = sorted({int(e["task"]) for e in errs if int(e["task"]) >= 0})
         return (f"megakernel made no progress for {self.options.watchdog_s:g} s (AMK_WATCHDOG_S); "
                 f"stuck tasks {stuck}:\n" + "\n".join(lines)

@@ -2,14 +2,6 @@
 // bf16/f16 are 16-bit structs converted with bit ops / PTX cvt, so nothing depends on cuda_bf16.h.
 #define NT AMK_NTHREADS
 #define NWARPS (NT / 32)
-// Kernel v2 (ring.cuh): the CTA has a producer warpgroup after the NT consumer threads, and it
-// never joins their barriers, so every __syncthreads() of every template is barrier 1 over the NT
-// consumers (one CTA-wide barrier 0 in the scheduler's prologue includes it: amk_cta_sync).
-#if AMK_KERNEL_V2
-__device__ __forceinline__ void amk_consumer_sync() { asm volatile("bar.sync 1, %0;" :: "n"(NT) : "memory"); }
-#define __syncthreads() amk_consumer_sync()
-#endif
-__device__ __forceinline__ void amk_cta_sync() { asm volatile("bar.sync 0;" ::: "memory"); }
 #define AMK_ARGS d, P, smem, st
 #define AMK_PARAMS const TaskDesc& d, void* const* P, char* smem, KernelState* st
 

@@ -330,16 +330,12 @@ __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* 
 // NORM (folds.norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
-// RING (kernel v2, ring.py): the items come from the weight ring's pages, item q (the CTA's
-// running number, from ring_first_item) by warp q % PAGES only, which releases the page.
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
           bool NORM = false, class NX = float, class NW = float, bool PRE = false, int RN = RMS_RN,
-          int SR = 1, bool RING = false>
+          int SR = 1>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   constexpr int GU = 8;
-  static_assert(!RING || 32 * GU * 16 == 4096, "an item's K segment is ring.py's SEG_BYTES");
-  static_assert(!RING || SR == 1, "the ring's pages hold items of one row group");
   const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const long long rbytes = (long long)d.ip[P_GEMV_LDW] * (long long)sizeof(TW);
   const int nv = Kd / VecN<TW>::N, nseg = (nv + 32 * GU - 1) / (32 * GU);
@@ -354,17 +350,12 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
   __syncthreads();
   AMK_MARK(1);
-  // RING: warp w takes the items q0 + it = w (mod PAGES); warps >= PAGES take none
-  const unsigned q0 = RING ? ring_first_item() : 0u;
-  constexpr int NP = RING ? AMK_RING_PAGES : NWARPS;
-  const int it0 = RING ? (int)(((unsigned)warp + NP - q0 % NP) % NP) : warp;
-  for (int it = RING && warp >= NP ? items : it0; it < items; it += NP) {
+  const int it0 = warp;
+  for (int it = it0; it < items; it += NWARPS) {
     uint4 wv[2][GU];
     const int gl = SR == 1 ? it / nseg : min(it * SR + SR - 1, groups - 1);
     const int last = NMAT == 2 ? gl : 2 * gl + 1;                     // the item's last row
-    if (RING) {
-      direct_load_ring<NMAT, GU>(wv, smem, q0 + it, n_tile, nv * 16 < 4096 ? nv * 16 : 4096, nv, nseg, it);
-    } else if (AMK_PRE && PRE && (last < pr || pr == n_tile)) {
+    if (AMK_PRE && PRE && (last < pr || pr == n_tile)) {
       mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
       direct_load_pre<NMAT, GU, SR>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
     } else {
@@ -374,7 +365,6 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     if (it == it0) AMK_MARK(2);
   }
   __syncthreads();
-  if (RING) ring_took(q0 + items);
   AMK_MARK(3);
   direct_epilogue<TY, TS, NMAT, EPI, BIAS, TR, TO>(d, P, part, (const TS*)P[1 + NMAT], n_off, n_tile, nseg, rv);
   AMK_MARK(4);

@@ -505,12 +505,8 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
   const int rb = (hd + 2) * (int)sizeof(TP);                // bytes of one head's [acc | m | l]
   const int v0 = h0 * rb / 16, span = ((h0 + hc) * rb + 15) / 16 - v0;   // its heads' vectors
   // a combine into x (the fold) stages from its x's end (1024-aligned), in the work area, up to
-  // the preload (v2: the ring); others in the staging area (smem.py)
-#if AMK_KERNEL_V2
-  const int top = AMK_RING_OFF;
-#else
+  // the preload; others in the staging area (smem.py)
   const int top = AMK_PRE ? AMK_PRE_OFF : AMK_STAGE_OFF + AMK_STAGE_BYTES;
-#endif
   const int st_off = to_smem ? (((h0 + hc) * hd * 4 + 1023) & ~1023) : AMK_STAGE_OFF;
   const int st_room = top - st_off;
   bool staged = B == 1 && hd % 4 == 0 && (nh * rb) % 16 == 0 && (long long)np * span * 16 <= st_room;

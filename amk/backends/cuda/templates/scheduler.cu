@@ -1,7 +1,5 @@
 // The persistent scheduler: each persistent CTA (one per SM, NT threads) walks its static
-// queue (kernel v2: NT consumer threads do all of this, and every __syncthreads is theirs; a
-// producer warpgroup after them streams the queue's GEMV weights into the ring, ring.cuh).
-// For each task thread 0 polls the task's counters with acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
+// queue. For each task thread 0 polls the task's counters with acquire loads and __nanosleep backoff (a wait with no progress for watchdog_ns aborts every
 // CTA and names the task). Then it runs the task's device function and publishes completion
 // with a release add after the CTA barrier. Descriptors are double-buffered in shared memory:
 // the NEXT task's TaskDesc is copied (cp.async) before this task's wait, its pointers and
@@ -106,7 +104,7 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
   return true;                     // the acquire loads made the producers' writes visible
 }
 
-extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(const __grid_constant__ KernelArgs A) {
+extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(const __grid_constant__ KernelArgs A) {
   // 1024-byte aligned: it follows the static variables, and with 272 more bytes of them (128-byte
   // aligned before by chance, then 16) the split-KV combine took 2 us longer a layer (NOTES v13a)
   extern __shared__ __align__(1024) char smem[];
@@ -127,24 +125,12 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
     amk_bw.dead = 0; amk_bw.watchdog_ns = A.watchdog_ns; amk_bw.st = st;
     mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
     mbar_init(&amk_comb_bar, 1); amk_comb_uses = 0;
-    ring_init();
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
   }
   if (qb < qe) slot_stage1(tasks + qt[qb], &s_task[0]);
   for (int j = threadIdx.x; j < qe - qb && j < QUEUE_CAP; j += NT) s_queue[j] = qt[qb + j];
   cp_async_wait<0>();
-  amk_cta_sync();                  // every thread, v2's producer warps too: the barriers, s_queue
-#if AMK_KERNEL_V2
-  // v2: the producer warpgroup gives its registers to the consumers (setmaxnreg moves them a
-  // warpgroup at a time: smem.py), a lane of its first warp streams each page, and ptxas
-  // allocates the code after the consumers' setmaxnreg.inc with their AMK_CONSUMER_REGS
-  if (threadIdx.x >= NT) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(AMK_PRODUCER_REGS));
-    if (threadIdx.x - NT < AMK_RING_PAGES) ring_produce(A, s_queue, qb, qe, QUEUE_CAP, smem);
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(AMK_CONSUMER_REGS));
-#endif
+  asm volatile("bar.sync 0;" ::: "memory");    // the barriers, s_queue
   const RangeDesc* ranges = (const RangeDesc*)A.ranges;
   if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0], ranges, amk_pre_ranges[0]);
   bool aborted = false;
@@ -152,35 +138,9 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
   unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm,
   // then the start of each of the first AMK_PROF_W - 4 FUSED steps (after the barrier before it)
 #endif
-#if AMK_KERNEL_V2
-  // v2's kernel body is allocated with the launch's 96 registers (the consumers' 112 reach only
-  // the callees), and what the loop kept live across a task's call spilled to a local stack
-  // that every task end reloaded (52 B, NOTES kv2b). The running entry lives in shared memory
-  // instead (thread 0 writes it before the task's barriers; every thread has read it before the
-  // task end's barrier), and what derives from it is recomputed after each call.
-  // The FUSED step s, likewise, in a slot of each thread's own (no barrier needed).
-  __shared__ int s_entry;
-  __shared__ unsigned short s_step[NT];
-#define AMK_ENTRY (*(volatile int*)&s_entry)
-#define AMK_STEP_SAVE(s) (((volatile unsigned short*)s_step)[threadIdx.x] = (unsigned short)(s))
-// (the thread's index re-read after the call: ptxas kept the slot's address in local memory)
-#define AMK_STEP_LOAD(s) ((s) = ((volatile unsigned short*)s_step)[tid_now()])
-#define AMK_T_NOW s_task[(AMK_ENTRY - qb) & 1]
-#define AMK_SLOT_NOW ((AMK_ENTRY - qb) & 1)
-#define AMK_ENTRY_IDX AMK_ENTRY
-#else
-#define AMK_ENTRY_IDX i
-#define AMK_STEP_SAVE(s) ((void)0)
-#define AMK_STEP_LOAD(s) ((void)0)
-#define AMK_T_NOW T
-#define AMK_SLOT_NOW slot
-#endif
   for (int i = qb; i < qe; i++) {
     const int slot = (i - qb) & 1;
     const TaskDesc& T = s_task[slot];
-#if AMK_KERNEL_V2
-    if (threadIdx.x == 0) AMK_ENTRY = i;
-#endif
     const int next = i + 1 >= qe ? -1 : i + 1 - qb < QUEUE_CAP ? s_queue[i + 1 - qb] : qt[i + 1];
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) prof[AMK_PROF_W * i] = global_timer();
@@ -211,31 +171,21 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
         for (unsigned long long k = threadIdx.x; k < n16; k += NT) ((uint4*)za)[k] = make_uint4(0u, 0u, 0u, 0u);
         for (unsigned long long k = n16 * 16 + threadIdx.x; k < zn; k += NT) ((char*)za)[k] = 0;
       }
-      for (int s = 0; s < AMK_T_NOW.n_sub; s++) {
-        if (AMK_KERNEL_V2 ? AMK_T_NOW.n_ptr_all <= SLOT_PTRS && AMK_T_NOW.n_sub <= SLOT_SUBS : fits) {
-          if (s > 0 || AMK_T_NOW.n_zero > 0) __syncthreads();
+      for (int s = 0; s < T.n_sub; s++) {
+        if (fits) {
+          if (s > 0 || T.n_zero > 0) __syncthreads();
 #ifdef AMK_PROFILE
-          if (threadIdx.x == 0 && s < AMK_PROF_W - 4) prof[AMK_PROF_W * AMK_ENTRY_IDX + 4 + s] = global_timer();
+          if (threadIdx.x == 0 && s < AMK_PROF_W - 4) prof[AMK_PROF_W * i + 4 + s] = global_timer();
 #endif
-          const TaskDesc& S = s_subs[AMK_SLOT_NOW][s];
-          AMK_STEP_SAVE(s);
-          run_variant(S, &s_ptrs[AMK_SLOT_NOW][S.ptr_begin - AMK_T_NOW.ptr_begin], smem, st);
+          const TaskDesc& S = s_subs[slot][s];
+          run_variant(S, &s_ptrs[slot][S.ptr_begin - T.ptr_begin], smem, st);
         } else {
-          AMK_STEP_SAVE(s);
-          run_unstaged(tasks + AMK_T_NOW.sub_begin + s, ptrs, &s_sub, s_sub_ptrs, smem, st);
+          run_unstaged(tasks + T.sub_begin + s, ptrs, &s_sub, s_sub_ptrs, smem, st);
         }
-        AMK_STEP_LOAD(s);
       }
     } else {
       run_variant(T, s_ptrs[slot], smem, st);
     }
-#if AMK_KERNEL_V2
-    {
-      i = AMK_ENTRY;
-      const int slot = (i - qb) & 1;
-      const int next = i + 1 >= qe ? -1 : i + 1 - qb < QUEUE_CAP ? s_queue[i + 1 - qb] : qt[i + 1];
-      const TaskDesc& T = s_task[slot];
-#endif
     const int out_counter = T.out_counter;   // the slot is refilled once everyone passes below
     cp_async_wait<0>();            // the task's own copies
     __syncthreads();
@@ -247,9 +197,6 @@ extern "C" __global__ void __launch_bounds__(AMK_CTA_THREADS, 1) amk_megakernel(
     if (threadIdx.x == 0) {
       unsigned smid; asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
       prof[AMK_PROF_W * i + 2] = global_timer(); prof[AMK_PROF_W * i + 3] = smid;
-    }
-#endif
-#if AMK_KERNEL_V2
     }
 #endif
   }
