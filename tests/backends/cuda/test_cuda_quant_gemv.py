@@ -147,7 +147,7 @@ def test_quantized_batch1_gemvs_compile_without_spills(fmt):
     pytest.param(LLAMA_3_2_1B, "fp8", id="1b-fp8"), pytest.param(QWEN3_0_6B, "int8", id="qwen3-int8"),
     pytest.param(QWEN3_0_6B, "fp8", id="qwen3-fp8", marks=pytest.mark.xfail(strict=True, reason=(
         "ptxas: the megakernel keeps its FUSED step counter in local memory (8 B, main e714898 and "
-        "after; v2 keeps it in shared memory; gone with x padded for fp8 too, not merged), NOTES v44, v48")))])
+        "after; the deleted kernel v2 kept it in shared memory; gone with x padded for fp8 too, not merged), NOTES v44, v48")))])
 def test_the_batch1_quantized_schedulers_do_not_spill(preset, fmt):
     """The scheduler (the megakernel and its switch) of a whole int8 / int4 / fp8 step. Qwen3's
     int8 scheduler spilled 16 B with a rewritten op_gemv_qdirect and its step lost 6% (v44)."""

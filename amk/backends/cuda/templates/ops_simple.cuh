@@ -490,7 +490,7 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 // (the 16-byte vectors [v0, v0 + span) that hold them) are copied into shared memory, one bulk
 // copy a partial, one round trip for the whole combine (NOTES v9, v13e); then a thread merges 4
 // consecutive outputs of one head from there. Under AMK_PRE only below AMK_PRE_OFF: the next GEMV's first
-// rows may be landing above it (preload.py); under v2 below the ring. TO_SMEM from the end of x.
+// rows may be landing above it (preload.py). TO_SMEM from the end of x.
 // HDC, NPC: the head dim and the number of partials, template constants (encoders.py): the
 // per-output index math and the loops over partials compile to shifts and straight code. Only
 // the first np <= NPC (the live shards, comb_live) are copied and merged: the loops keep NPC
