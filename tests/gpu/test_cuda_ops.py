@@ -10,7 +10,6 @@ pytest.importorskip("cuda.bindings")
 
 from amk.program.ir import BufferKind
 from amk.testing import cuda_examples as examples
-from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.runtime import CudaProgram
 from amk.backends.reference.semantics import RefCtx, semantics_for
 
