@@ -130,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
   if (qb < qe) slot_stage1(tasks + qt[qb], &s_task[0]);
   for (int j = threadIdx.x; j < qe - qb && j < QUEUE_CAP; j += NT) s_queue[j] = qt[qb + j];
   cp_async_wait<0>();
-  asm volatile("bar.sync 0;" ::: "memory");    // every thread: the mbarriers set up, s_queue filled
+  __syncthreads();                 // the mbarriers set up, s_queue filled
   const RangeDesc* ranges = (const RangeDesc*)A.ranges;
   if (qb < qe) slot_stage2(s_task[0], tasks, ptrs, s_subs[0], s_ptrs[0], ranges, amk_pre_ranges[0]);
   bool aborted = false;
