@@ -135,7 +135,7 @@ def table(rows: list[dict]) -> str:
             x = r[label]
             phases = " ".join(f"{x['wall'].get(p, float('nan')):7.2f}" for p in PHASES)
             lines.append(f"{r['model']:<20} {label:<5} {x['wall']['total']:7.2f} "
-                         f"{x['cpu']['total']:7.2f}  {phases}  {x.get('variants', '?'):>8}  "
+                         f"{x['cpu']['total']:7.2f}  {phases}  {x['variants']:>8}  "
                          f"{x['kernel_sha']} / {x['tables_sha']} / {x['program_sha']}")
     lines.append("(phases: wall seconds; trace and passes from Lowered.timings)")
     return "\n".join(lines)

@@ -20,8 +20,9 @@ def test_compile_bench_times_a_cold_and_a_warm_compile(tmp_path):
     (row,) = json.loads(out.read_text())
     cold, warm = row["cold"], row["warm"]
     assert not cold["pass_cache_hit"] and warm["pass_cache_hit"]
-    for k in ("kernel_sha", "tables_sha", "program_sha"):
+    for k in ("kernel_sha", "tables_sha", "program_sha", "variants"):
         assert cold[k] == warm[k]
+    assert cold["variants"] >= 5           # embed, GEMVs, attention, argmax: one case each at least
     assert warm["cpu"]["total"] > 0 and set(cold["wall"]) >= {"trace", "passes", "lower", "render"}
 
 

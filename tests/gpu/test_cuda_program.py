@@ -70,7 +70,7 @@ def chain_bindings(seed):
 def test_chain_matches_reference_vm(queues):
     from amk.backends.reference.vm import ReferenceVM
     prog = chain_program(queues)
-    cp = CudaProgram(prog, "cuda", options=CudaOptions())
+    cp = CudaProgram(prog, "cuda")
     for seed in (0, 1):
         binds = chain_bindings(seed)
         ref = ReferenceVM(prog, device="cpu").run(binds)
@@ -126,7 +126,7 @@ def test_a_stuck_wait_past_the_inline_ones_is_named():
 
 def test_thousand_steps_are_identical():
     prog = chain_program()
-    cp = CudaProgram(prog, "cuda", options=CudaOptions())
+    cp = CudaProgram(prog, "cuda")
     binds = {k: v.cuda() for k, v in chain_bindings(3).items()}
     first = [t.clone() for t in cp.run(binds)]
     for _ in range(999):
@@ -139,7 +139,7 @@ def test_thousand_steps_are_identical():
 
 def test_cuda_graph_capture_of_one_step():
     prog = chain_program()
-    cp = CudaProgram(prog, "cuda", options=CudaOptions())
+    cp = CudaProgram(prog, "cuda")
     binds = {k: v.cuda() for k, v in chain_bindings(4).items()}
     ref = [t.clone() for t in cp.run(binds)]
     s = torch.cuda.Stream()
