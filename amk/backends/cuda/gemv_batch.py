@@ -111,7 +111,7 @@ def _takes_xr(qmode: int, norm: bool, n_tile: int, nmat: int, mp: int) -> bool:
     return qmode == 0 and not norm and (groups == 1 or groups * mp <= 16)
 
 
-def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | None:
+def _plan_xr(K: int, n_tile: int, nmat: int, nb: int) -> MmaPlan | None:
     """The XR plan of nb n-tiles: one window of all of K; enough items for every warp, then
     the deepest ring of 2 stages or more that fits, then the fewest segments a warp runs, then
     the fewest chunks (the epilogue adds them)."""
@@ -119,7 +119,7 @@ def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | 
     nseg = -(-K // seg)
     kw = nseg * seg
     fits = [MmaPlan(nb, kw, s, rd, True) for rd in range(2, RD_MAX + 1) for s in range(1, nseg + 1)
-            if smem_bytes(0, nb, kw, s, n_tile, nmat, rd, xr=True) <= budget]
+            if smem_bytes(0, nb, kw, s, n_tile, nmat, rd, xr=True) <= BUDGET]
     if not fits:
         return None
 
@@ -130,9 +130,8 @@ def _plan_xr(K: int, n_tile: int, nmat: int, nb: int, budget: int) -> MmaPlan | 
 
 
 @functools.lru_cache(maxsize=None)
-def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
-         budget: int = BUDGET) -> MmaPlan | None:
-    """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in `budget` bytes of
+def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False) -> MmaPlan | None:
+    """The plan for M rows of x, K, a tile of n_tile rows of nmat matrices in BUDGET bytes of
     shared memory (None: no plan fits; with the norm, one window unless that leaves a
     one-stage ring, NORM_WINDOWS_NB_MAX). The fewest passes over the weights first; then items
     for every warp (a window's items are all its parallelism: the 1B down projection at
@@ -145,7 +144,7 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
     seg = segment(qmode)
     nseg = -(-K // seg)
     for nb in range(min(-(-M // 8), NB_MAX), 0, -1):
-        xr = _plan_xr(K, n_tile, nmat, nb, budget) if _takes_xr(qmode, norm, n_tile, nmat, 8 * nb) else None
+        xr = _plan_xr(K, n_tile, nmat, nb) if _takes_xr(qmode, norm, n_tile, nmat, 8 * nb) else None
         if xr is not None:
             return xr
         kws = sorted({-(-nseg // w) * seg for w in range(1, nseg + 1)}, reverse=True)
@@ -153,7 +152,7 @@ def plan(M: int, K: int, n_tile: int, nmat: int, qmode: int, norm: bool = False,
         for kw in kws:
             for rd in range(1, RD_MAX + 1):
                 spi = next((s for s in range(1, kw // seg + 1)
-                            if smem_bytes(qmode, nb, kw, s, n_tile, nmat, rd, norm, windows=-(-K // kw)) <= budget),
+                            if smem_bytes(qmode, nb, kw, s, n_tile, nmat, rd, norm, windows=-(-K // kw)) <= BUDGET),
                            None)
                 if spi is not None:          # a larger SPI needs less (fewer chunks' sums)
                     fits += [MmaPlan(nb, kw, s, rd) for s in range(spi, kw // seg + 1)]
@@ -195,18 +194,10 @@ def planned(v: Variant, ip: dict, p: MmaPlan) -> tuple[Variant, dict]:
     return v.with_(nb=p.nb, xr=p.xr), dict(ip, **plan_ip(p))
 
 
-def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None,
-           budget: int = BUDGET) -> MmaPlan | None:
-    """The plan of an op_gemv_mma step once a fold changes its matrices or adds the norm, or in
-    a smaller budget."""
+def replan(v: Variant, ip: dict, *, nmat: int | None = None, norm: bool | None = None) -> MmaPlan | None:
+    """The plan of an op_gemv_mma step once a fold changes its matrices or adds the norm."""
     return plan(ip["M"], ip.get("KHI", ip["K"]) - ip.get("KLO", 0), ip["N_TILE"], nmat or v.arg("nmat"),
-                v.arg("qmode"), v.arg("norm") if norm is None else norm, budget)
-
-
-def step_bytes(v: Variant, ip: dict) -> int:
-    """The work area an op_gemv_mma step's plan uses."""
-    return smem_bytes(v.arg("qmode"), v.arg("nb"), ip["KW"], ip["SPI"], ip["N_TILE"], v.arg("nmat"), ip["RD"],
-                      v.arg("norm"), v.arg("xr"), -(-ip["K"] // ip["KW"]))
+                v.arg("qmode"), v.arg("norm") if norm is None else norm)
 
 
 def plan_ip(p: MmaPlan) -> dict:
