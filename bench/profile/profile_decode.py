@@ -65,14 +65,14 @@ def task_layer(task, bufs) -> int:
 
 def summarise(prog, rows, steps: dict | None = None, marks: dict | None = None) -> dict:
     """rows: CudaProgram.profile(); steps: CudaProgram.profile_steps() (FUSED step starts);
-    marks: CudaProgram.profile_marks() (AMK_MARK points inside plain tasks)."""
+    marks: CudaProgram.profile_marks() (AMK_MARK points inside the tasks' device functions)."""
     bufs, tasks = prog.buffers, prog.tasks
     t0 = min(r[2] for r in rows)
     t_end = max(r[4] for r in rows)
     kinds = collections.defaultdict(lambda: {"n": 0, "wait_us": 0.0, "run_us": 0.0, "bytes": 0.0})
     per_cta = collections.defaultdict(lambda: {"run": 0.0, "wait": 0.0, "end": 0.0})
     stages = collections.defaultdict(lambda: [float("inf"), 0.0, 0])
-    for tid, q, w0, w1, e, sm in rows:
+    for tid, q, w0, w1, e, sm, ready in rows:
         t = tasks[tid]
         k = task_kind(t, bufs)
         d = kinds[k]
@@ -80,14 +80,15 @@ def summarise(prog, rows, steps: dict | None = None, marks: dict | None = None) 
         d["wait_us"] += (w1 - w0) / 1e3
         d["run_us"] += (e - w1) / 1e3
         d["bytes"] += task_cost(t, bufs).bytes
-        mk = (marks or {}).get(tid)
-        if mk:                                 # wait end -> each mark -> end: us summed
-            pts = [("w", w1)] + [(str(j), v) for j, v in mk] + [("e", e)]
-            md = d.setdefault("marks", {})
-            d["n_marked"] = d.get("n_marked", 0) + 1   # a dead split-KV shard marks nothing
-            for (a, ta), (b, tb) in zip(pts, pts[1:]):
-                md[f"{a}>{b}"] = md.get(f"{a}>{b}", 0.0) + (tb - ta) / 1e3
         st = (steps or {}).get(tid)
+        mk = (marks or {}).get(tid)
+        if mk:                                 # wait end -> ready -> each mark -> end: us summed
+            pts = [("w", w1), ("r", ready)] + timeline(st, mk) + [("e", e)]
+            md, mn = d.setdefault("marks", {}), d.setdefault("marks_n", {})
+            d["n_marked"] = d.get("n_marked", 0) + 1
+            for (a, ta), (b, tb) in zip(pts, pts[1:]):   # a dead shard has fewer intervals
+                md[f"{a}>{b}"] = md.get(f"{a}>{b}", 0.0) + (tb - ta) / 1e3
+                mn[f"{a}>{b}"] = mn.get(f"{a}>{b}", 0) + 1
         if st:                                 # per lowered step: us summed over the kind's tasks
             ends = [s for _, s in st[1:]] + [e]
             sd = d.setdefault("steps", {})
@@ -104,6 +105,18 @@ def summarise(prog, rows, steps: dict | None = None, marks: dict | None = None) 
         s[2] += 1
     return {"span_us": (t_end - t0) / 1e3, "kinds": dict(kinds), "per_cta": dict(per_cta),
             "stages": {f"{l}:{k}": v for (l, k), v in stages.items()}}
+
+
+def timeline(st: list | None, mk: list) -> list:
+    """A task's points between ready and its end, in program order: a plain task's marks as
+    "k"; a FUSED task's step starts as "s<j>" each followed by that step's marks as "<j>.k"."""
+    if not st:
+        return [(str(k), v) for _, k, v in mk]
+    out = []
+    for j, (_, start) in enumerate(st):
+        out.append((f"s{j}", start))
+        out += [(f"{j}.{k}", v) for s, k, v in mk if s == j]
+    return out
 
 
 def run_profiled(step, args, steps: int):
@@ -123,11 +136,13 @@ def steps_line(d: dict) -> str:
 
 
 def marks_line(d: dict) -> str:
-    """A kind's AMK_MARK intervals (w: wait end, e: task end), mean us over the tasks that
-    passed a mark (an attention's dead shards return before its first)."""
-    n = d["n_marked"]
+    """A kind's AMK_MARK intervals (w: wait end, r: ready, s<j>: FUSED step j's start, e: task
+    end), each the mean us over the tasks that had it, their count in brackets where it is not
+    every marked task's (a dead split-KV shard returns after its first mark: 0>e)."""
+    n, mn = d["n_marked"], d["marks_n"]
     return (f"marks us/task ({n} of {d['n']} tasks): "
-            + ", ".join(f"{k} {v / n:.2f}" for k, v in d["marks"].items()))
+            + ", ".join(f"{k} {v / mn[k]:.2f}" + ("" if mn[k] == n else f" [{mn[k]}]")
+                        for k, v in d["marks"].items()))
 
 
 def print_summary(s: dict, mid_layer: int) -> None:
@@ -183,7 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--raw", action="store_true",
-                    help="also put every task's row (task, queue, wait start/end, end ns, SM) in the JSON")
+                    help="also put every task's row (task, queue, wait start/end, end ns, SM, ready ns) in the JSON")
     a = ap.parse_args(argv)
     if not have_gpu(__file__):
         return 2

@@ -155,23 +155,30 @@ def test_cuda_graph_capture_of_one_step():
 
 
 def test_profile_build_records_each_gemv_tasks_marks_in_order():
-    """The profile build (AMK_PROFILE=1): every plain op_gemv_direct task records its AMK_MARK points 0..4 (entered,
-    x staged, warp 0's first item, all items, stored) in order between its wait's end and its
-    end; FUSED tasks keep their steps' starts in those words instead and have no marks."""
+    """The profile build (AMK_PROFILE=1): every task's ready time lies between its wait's end and
+    its end; every plain op_gemv_direct task records its AMK_MARK points 0..4 (entered, x
+    staged, warp 0's first item, all items, stored) as step 0's, in order, after ready; a FUSED
+    task's marks are its steps' own, each step's after that step's start."""
     prog = chain_program()
     cp = CudaProgram(prog, "cuda", options=CudaOptions(profile=True))
     cp.run({k: v.cuda() for k, v in chain_bindings(5).items()})
     rows = {r[0]: r for r in cp.profile()}
+    assert all(r[3] <= r[6] <= r[4] for r in rows.values())
     marks = cp.profile_marks()
     gemvs = [i for i, t in enumerate(prog.tasks) if t.op == K.GEMV_TILE]
     assert len(gemvs) == 4 and set(gemvs) <= set(marks)
     for i in gemvs:
-        ts = [t for _, t in marks[i]]
-        assert [k for k, _ in marks[i]] == [0, 1, 2, 3, 4]
-        assert rows[i][3] <= ts[0] and ts == sorted(ts) and ts[-1] <= rows[i][4]
+        ts = [t for _, _, t in marks[i]]
+        assert [(s, k) for s, k, _ in marks[i]] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]
+        assert rows[i][6] <= ts[0] and ts == sorted(ts) and ts[-1] <= rows[i][4]
     steps = cp.profile_steps()                 # the lowered FUSED tasks (the norm + LM-head tiles)
     fused = [i for i in range(len(prog.tasks)) if int(cp.lowered.tasks[i]["op"]) == int(K.FUSED)]
-    assert fused and all(i in steps and i not in marks for i in fused)
+    assert fused and all(i in steps for i in fused)
+    for i in fused:
+        starts = [t for _, t in steps[i]] + [rows[i][4]]
+        for s, k, t in marks.get(i, []):
+            assert starts[s] <= t <= starts[s + 1], (i, s, k)
+    assert any(marks.get(i) for i in fused)     # the LM-head tiles' GEMV steps mark
 
 
 def test_deadlock_raises_instead_of_hanging():

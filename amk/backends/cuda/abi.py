@@ -55,7 +55,14 @@ FAULT_DEADLOCK = 1
 FAULT_KV_POS = 2        # KV_APPEND position outside the cache
 FAULT_EMBED_ID = 3      # token id outside the embedding table
 FAULT_COPY = 4          # a bulk copy into smem never completed (templates/common.cuh, mbar_wait)
-PROF_WORDS = 12         # AMK_PROFILE, per queue entry: wait start, wait end, end, SM, 8 step starts
+# AMK_PROFILE, per queue entry (u64 words): wait start, wait end, end, SM, ready (the post-wait
+# barrier passed: the task's descriptor copies landed), then PROF_STEPS FUSED step starts, then
+# PROF_MARKS AMK_MARK points for each of PROF_STEPS steps (a plain task's are step 0's).
+PROF_HEAD = 5
+PROF_STEPS = 8
+PROF_MARKS = 10
+PROF_MARK0 = PROF_HEAD + PROF_STEPS
+PROF_WORDS = PROF_MARK0 + PROF_STEPS * PROF_MARKS
 
 _NP = {"int": np.int32, "unsigned": np.uint32, "float": np.float32,
        "unsigned long long": np.uint64}

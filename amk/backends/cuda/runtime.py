@@ -301,37 +301,44 @@ class CudaProgram:
         p = self.prof.cpu().numpy().reshape(-1, abi.PROF_WORDS)
         return [(tid, q) for q, tasks in enumerate(self.lowered.queues) for tid in tasks], p
 
-    def profile(self) -> list[tuple[int, int, int, int, int, int]]:
+    def profile(self) -> list[tuple[int, int, int, int, int, int, int]]:
         """AMK_PROFILE=1 builds: the last step's (task id, CTA, wait start, wait end, task end,
-        SM id) per queue entry, %globaltimer ns. Synchronises."""
+        SM id, ready) per queue entry, %globaltimer ns; ready: the barrier after the wait passed
+        (the task's descriptor copies landed), just before its device function. Synchronises."""
         entries, p = self._prof_rows()
-        return [(tid, q, int(p[i, 0]), int(p[i, 1]), int(p[i, 2]), int(p[i, 3]))
+        return [(tid, q, int(p[i, 0]), int(p[i, 1]), int(p[i, 2]), int(p[i, 3]), int(p[i, 4]))
                 for i, (tid, q) in enumerate(entries)]
+
+    def _fused_steps(self, tid: int) -> int:
+        """How many of task tid's lowered FUSED steps the profile row keeps (0: a plain task)."""
+        t = self.lowered.tasks[tid]
+        return min(int(t["n_sub"]), abi.PROF_STEPS) if int(t["op"]) == int(InstructionKind.FUSED) else 0
 
     def profile_steps(self) -> dict[int, list[tuple[int, int]]]:
         """AMK_PROFILE=1 builds: task id -> (opcode, start ns) of each of its lowered FUSED
-        steps, at most abi.PROF_WORDS - 4 (a step's time is the next start, or the task's end,
+        steps, at most abi.PROF_STEPS (a step's time is the next start, or the task's end,
         minus its own). Tasks lowered as one instruction are left out. Synchronises."""
         entries, p = self._prof_rows()
         out = {}
         for i, (tid, _) in enumerate(entries):
-            t = self.lowered.tasks[tid]
-            n = min(int(t["n_sub"]), abi.PROF_WORDS - 4)
-            if int(t["op"]) == int(InstructionKind.FUSED) and n and p[i, 4]:
+            n = self._fused_steps(tid)
+            if n and p[i, abi.PROF_HEAD]:
+                t = self.lowered.tasks[tid]
                 subs = self.lowered.tasks[int(t["sub_begin"]):int(t["sub_begin"]) + n]
-                out[tid] = [(int(s["op"]), int(p[i, 4 + j])) for j, s in enumerate(subs)]
+                out[tid] = [(int(s["op"]), int(p[i, abi.PROF_HEAD + j])) for j, s in enumerate(subs)]
         return out
 
-    def profile_marks(self) -> dict[int, list[tuple[int, int]]]:
-        """AMK_PROFILE=1 builds: task id -> (k, ns) of each AMK_MARK(k) its device function
-        passed (plain tasks; the points are listed where the function is, e.g. op_gemv_direct,
-        op_attention_smem), in k order. Synchronises."""
+    def profile_marks(self) -> dict[int, list[tuple[int, int, int]]]:
+        """AMK_PROFILE=1 builds: task id -> (step, k, ns) of each AMK_MARK(k) its device
+        functions passed (step: the FUSED step, 0 for a plain task; the points are listed where
+        each function is, e.g. op_gemv_direct, op_attention_smem), in step then k order.
+        Synchronises."""
         entries, p = self._prof_rows()
         out = {}
         for i, (tid, _) in enumerate(entries):
-            if int(self.lowered.tasks[tid]["op"]) == int(InstructionKind.FUSED):
-                continue
-            marks = [(k, int(p[i, 4 + k])) for k in range(abi.PROF_WORDS - 4) if p[i, 4 + k]]
+            marks = [(s, k, int(p[i, abi.PROF_MARK0 + s * abi.PROF_MARKS + k]))
+                     for s in range(max(1, self._fused_steps(tid))) for k in range(abi.PROF_MARKS)]
+            marks = [m for m in marks if m[2]]
             if marks:
                 out[tid] = marks
         return out

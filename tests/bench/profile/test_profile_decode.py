@@ -1,6 +1,6 @@
 """bench/profile/profile_decode.py's summary of a profiled step, on the CPU: the tiny Llama's
 program as the cuda options schedule it, with made-up profile rows (task, queue, wait start,
-wait end, end in ns, SM) and FUSED step starts, so every figure it prints is known."""
+wait end, end in ns, SM, ready), FUSED step starts and marks, so every figure it prints is known."""
 import importlib.util
 from pathlib import Path
 
@@ -33,12 +33,13 @@ def prog():
 
 
 def _rows(prog, queues=3):
-    """Task t on queue t % queues, one after another: 0.1 us of wait, then 1 us of run."""
+    """Task t on queue t % queues, one after another: 0.1 us of wait, ready 0.05 us later, then
+    1 us of run in all."""
     rows, clock = [], [0] * queues
     for t in prog.tasks:
         q = t.id % queues
         w0 = clock[q]
-        rows.append((t.id, q, w0, w0 + 100, w0 + 1100, q))
+        rows.append((t.id, q, w0, w0 + 100, w0 + 1100, q, w0 + 150))
         clock[q] = w0 + 1100
     return rows
 
@@ -75,13 +76,33 @@ def test_stages_are_per_layer_and_fused_steps_per_op(pd, prog):
 
 
 def test_marks_are_averaged_over_the_tasks_that_passed_them(pd, prog):
-    """A dead split-KV shard returns before its first AMK_MARK: its kind's mark means are over
-    the live tasks only, and the line says how many those are."""
+    """A dead split-KV shard returns after its first AMK_MARK: each interval's mean is over the
+    tasks that had it, with their count where it is not every marked task's."""
     attn = [t for t in prog.tasks if pd.task_kind(t, prog.buffers) == "attention"]
     rows = _rows(prog)
     wait_end = {r[0]: r[3] for r in rows}
-    live = attn[::2]                                     # every other one: 0.3 us to mark 0
-    marks = {t.id: [(0, wait_end[t.id] + 300)] for t in live}
+    live = attn[::2]                                     # every other one: mark 1 at 0.5 us
+    marks = {t.id: [(0, 0, wait_end[t.id] + 300)] + ([(0, 1, wait_end[t.id] + 500)] if t in live else [])
+             for t in attn}
     d = pd.summarise(prog, rows, marks=marks)["kinds"]["attention"]
-    assert d["n"] == len(attn) and d["n_marked"] == len(live) < len(attn)
-    assert pd.marks_line(d) == f"marks us/task ({len(live)} of {len(attn)} tasks): w>0 0.30, 0>e 0.70"
+    assert d["n"] == d["n_marked"] == len(attn) and len(live) < len(attn)
+    dead = len(attn) - len(live)
+    assert pd.marks_line(d) == (f"marks us/task ({len(attn)} of {len(attn)} tasks): "
+                                f"w>r 0.05, r>0 0.25, 0>1 0.20 [{len(live)}], 1>e 0.50 [{len(live)}], "
+                                f"0>e 0.70 [{dead}]")
+
+
+def test_a_fused_tasks_marks_follow_its_step_starts(pd, prog):
+    """A FUSED task's marks are each step's own (step, k): the timeline puts every step's start
+    before that step's marks, so the intervals name the step they fall in."""
+    wq = [t for t in prog.tasks if pd.task_kind(t, prog.buffers) == "wq+RMSNORM"]
+    rows = _rows(prog)
+    w1 = {r[0]: r[3] for r in rows}
+    steps, marks = {}, {}
+    for t in wq:          # norm from 0.1 us (mark 0 at 0.2), the GEMV from 0.5 (mark 0 0.6, 1 0.9)
+        ops = [st.op for st in recipe_of(t).steps]
+        steps[t.id] = [(ops[0], w1[t.id] + 100), (ops[1], w1[t.id] + 500)]
+        marks[t.id] = [(0, 0, w1[t.id] + 200), (1, 0, w1[t.id] + 600), (1, 1, w1[t.id] + 900)]
+    d = pd.summarise(prog, rows, steps, marks)["kinds"]["wq+RMSNORM"]
+    assert pd.marks_line(d) == (f"marks us/task ({len(wq)} of {len(wq)} tasks): w>r 0.05, r>s0 0.05, "
+                                "s0>0.0 0.10, 0.0>s1 0.30, s1>1.0 0.10, 1.0>1.1 0.30, 1.1>e 0.10")

@@ -345,8 +345,9 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
 // transposed (pt: [position][HGP], HGP = HG rounded up to 4: float4 reads); P.V a thread per 2
 // dims and position group (a warp = a row of 32 dim pairs for hd = 64), each position one
 // 4-byte V read and HGP/4 16-byte reads (NOTES v10: the old loop was an LDS latency chain).
-// AMK_MARK (profile builds; a pass's last chunk): 0 entered, 1 K/V copies issued, 2 q staged,
-// 3 K landed, 4 scores, 5 softmax and V landed, 6 P.V, 7 written.
+// AMK_MARK (profile builds; a pass's last chunk): 0 entered, 1 the pass's smem free (its
+// window read), 2 K/V copies issued, 3 q staged, 4 K landed, 5 scores, 6 softmax and V landed,
+// 7 P.V, 8 written.
 template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, int HDC, bool CAP, bool QKN = false>
 __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   constexpr int HGP = (HG + 3) & ~3;
@@ -357,6 +358,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const bool partial = (d.ip[P_ATTN_FLAGS] & 2) != 0;
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
+  AMK_MARK(0);
   long long lo, hi, pos;                // sequence b0's window first: its pos load overlaps the setup
   bool live = attn_window(d, P, b0, lo, hi, pos);
   if (!live && b1 - b0 == 1) return;                         // not a live shard this step
@@ -388,18 +390,18 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         const TK* kbase = kc + (b * max_seq * nkv + g) * hd;
         const TV* vbase = vc + (b * max_seq * nkv + g) * hd;
         __syncthreads();                                     // the previous users of smem
-        AMK_MARK(0);
+        AMK_MARK(1);
         const int cn0 = n < CR ? n : CR;
         attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before q
         attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
-        AMK_MARK(1);
+        AMK_MARK(2);
         // NEW_KV: the window holds pos (hi = pos + 1): the new rows, to smem (registers spill)
         const int new_r = d.ip[P_ATTN_NEW_KV] && n > 0 && hi == pos + 1 ? n - 1 : -1;   // its row - lo
         const long long nro = ((long long)b * nkv + g) * hd;
         attn_stage_q<TQ, TK, TV, TN, TF, QKN>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos,
                                          new_r >= 0 ? (const TN*)P[4] + nro : nullptr,
                                          new_r >= 0 ? (const TN*)P[5] + nro : nullptr, nrow);
-        AMK_MARK(2);
+        AMK_MARK(3);
         if (threadIdx.x == 0) preload_next(smem);            // the next task's rows, behind ours
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }
         float acc[HG][2];
@@ -411,7 +413,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
             attn_restage(ks, krs, kbase + t0 * rstride, vs, vrs, vbase + t0 * rstride, rstride, cn, hd);
           cp_async_wait<1>();                                // K (V may still be in flight)
           __syncthreads();
-          AMK_MARK(3);
+          AMK_MARK(4);
           // the new row's index in this chunk: in [0, cn) in the last chunk only (an earlier
           // chunk has nr >= cn: writing there ran past the staged rows, into the next task's
           // preload or out of shared memory, once a shard held more than one chunk)
@@ -445,11 +447,11 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
             sc[j * CR + r] = sj * scale;
           }
           __syncthreads();
-          AMK_MARK(4);
+          AMK_MARK(5);
           attn_softmax<CAP>(sc, CR, cn, nhs, m_run, l_run, alpha, pt, HGP, 1, d.fp[F_ATTN_SOFTCAP]);
           cp_async_wait<0>();                                // V
           __syncthreads();
-          AMK_MARK(5);
+          AMK_MARK(6);
           if (new_here) {
             if (tid < hd) ((TV*)(vs + nr * vrs))[tid] = from_f<TV>(nrow[hd + tid]);
             __syncthreads();
@@ -477,7 +479,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         }
         cp_async_wait<0>();            // an empty window never waited for its staged rows: red aliases them
         __syncthreads();
-        AMK_MARK(6);
+        AMK_MARK(7);
         if (pg < PG) {
 #pragma unroll
           for (int j = 0; j < HG; j++)
@@ -485,7 +487,7 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         }
         __syncthreads();
         attn_write<HG>(out, red, m_run, l_run, nhs, hd, PG, (long long)b * nh + hbase, partial, n);
-        AMK_MARK(7);
+        AMK_MARK(8);
       }
   }
 }

@@ -169,12 +169,14 @@ __device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
 __device__ __forceinline__ unsigned long long global_timer() {
   unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }
-// AMK_PROFILE: AMK_MARK(k), k < AMK_PROF_W - 4, records %globaltimer (thread 0) at point k of a
-// plain task's device function in the task's free profile words 4 + k (a FUSED task keeps its
-// steps' starts there): CudaProgram.profile_marks, bench/profile/profile_decode.py. Nothing otherwise.
+// AMK_PROFILE: AMK_MARK(k), k < AMK_PROF_MARKS, records %globaltimer (thread 0) at point k of a
+// device function, in the row the scheduler points amk_mark_row at: step s < AMK_PROF_STEPS of
+// the task (a plain task: 0) has the words AMK_PROF_MARK0 + s * AMK_PROF_MARKS + k
+// (CudaProgram.profile_marks, bench/profile/profile_decode.py). Nothing otherwise.
 #ifdef AMK_PROFILE
 __shared__ unsigned long long* amk_mark_row;
-#define AMK_MARK(k) do { if (threadIdx.x == 0 && amk_mark_row) amk_mark_row[4 + (k)] = global_timer(); } while (0)
+#define AMK_MARK(k) do { static_assert((k) < AMK_PROF_MARKS, "AMK_MARK"); \
+  if (threadIdx.x == 0 && amk_mark_row) amk_mark_row[(k)] = global_timer(); } while (0)
 #else
 #define AMK_MARK(k) do { } while (0)
 #endif

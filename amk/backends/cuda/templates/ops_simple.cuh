@@ -495,10 +495,13 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 // per-output index math and the loops over partials compile to shifts and straight code. Only
 // the first np <= NPC (the live shards, comb_live) are copied and merged: the loops keep NPC
 // as their bound, np is a predicate; np == 1 is the one partial's acc / l.
+// AMK_MARK (profile builds): 0 entered, 1 live count read, 2 copies issued, 3 landed, 4 merged.
 template <class TP, class TO, int HDC, int NPC>
 __device__ __noinline__ void op_combine(AMK_PARAMS) {
+  AMK_MARK(0);
   const int hd = HDC, nh = d.ip[P_COMB_NH], h0 = d.ip[P_COMB_H_OFF], hc = d.ip[P_COMB_H_COUNT];
   const int B = d.ip[P_COMB_B], np = comb_live(d, P, NPC, 0);
+  AMK_MARK(1);
   const bool to_smem = d.ip[P_COMB_TO_SMEM] != 0; float* xs = (float*)smem;
   TO* y = (TO*)P[d.n_in];
   const int n = B * hc * hd;
@@ -522,8 +525,10 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
         bulk_g2s(st + (long long)p * span * 16, (unsigned long long)((const char*)P[p] + v0 * 16), (unsigned)(span * 16),
                  &amk_comb_bar);
     }
+    AMK_MARK(2);
     mbar_wait(&amk_comb_bar, ph & 1u);
     __syncthreads();
+    AMK_MARK(3);
     if (threadIdx.x == 0) amk_comb_uses = ph + 1;
     for (int i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * NT) {
       const int r = i0, h = h0 + r / hd, dd = r % hd;
@@ -550,6 +555,7 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
         if (to_smem) xs[h * hd + dd + k] = to_f(o); else y[(long long)h * hd + dd + k] = o;
       }
     }
+    AMK_MARK(4);
     return;
   }
   combine_direct<TP, TO, NPC>(d, P, smem, hd, np);

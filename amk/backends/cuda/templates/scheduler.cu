@@ -136,7 +136,8 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
   bool aborted = false;
 #ifdef AMK_PROFILE
   unsigned long long* prof = (unsigned long long*)A.prof;   // per queue entry: wait0, wait1, end, sm,
-  // then the start of each of the first AMK_PROF_W - 4 FUSED steps (after the barrier before it)
+  // ready, then the start of each of the first AMK_PROF_STEPS FUSED steps (after the barrier
+  // before it), then each step's AMK_MARK words (abi.PROF_WORDS)
 #endif
   for (int i = qb; i < qe; i++) {
     const int slot = (i - qb) & 1;
@@ -157,12 +158,15 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
       if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
 #ifdef AMK_PROFILE
       prof[AMK_PROF_W * i + 1] = global_timer();
-      amk_mark_row = T.op == OP_FUSED ? nullptr : prof + AMK_PROF_W * i;
+      amk_mark_row = prof + AMK_PROF_W * i + AMK_PROF_MARK0;     // step 0's (a FUSED task's too)
 #endif
     }
     cp_async_wait<0>();   // stage 2, and the next task's stage 1: no group left for the task
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
+#ifdef AMK_PROFILE
+    if (threadIdx.x == 0) prof[AMK_PROF_W * i + 4] = global_timer();
+#endif
     if (T.op == OP_FUSED) {
       const RangeDesc* z = (const RangeDesc*)A.ranges + T.zero_begin;
       for (int r = 0; r < (AMK_ZERO ? T.n_zero : 0); r++) {
@@ -172,10 +176,14 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
         for (unsigned long long k = n16 * 16 + threadIdx.x; k < zn; k += NT) ((char*)za)[k] = 0;
       }
       for (int s = 0; s < T.n_sub; s++) {
+#ifdef AMK_PROFILE
+        if (threadIdx.x == 0)
+          amk_mark_row = s < AMK_PROF_STEPS ? prof + AMK_PROF_W * i + AMK_PROF_MARK0 + s * AMK_PROF_MARKS : nullptr;
+#endif
         if (fits) {
           if (s > 0 || T.n_zero > 0) __syncthreads();
 #ifdef AMK_PROFILE
-          if (threadIdx.x == 0 && s < AMK_PROF_W - 4) prof[AMK_PROF_W * i + 4 + s] = global_timer();
+          if (threadIdx.x == 0 && s < AMK_PROF_STEPS) prof[AMK_PROF_W * i + 5 + s] = global_timer();
 #endif
           const TaskDesc& S = s_subs[slot][s];
           run_variant(S, &s_ptrs[slot][S.ptr_begin - T.ptr_begin], smem, st);
