@@ -215,19 +215,27 @@ def cases() -> list[Case]:
                           "pos": _const([61])}))
     P = 3
 
-    def _partials(g):
-        t = torch.randn(nh, hd + 2, generator=g)
-        t[:, hd + 1] = torch.rand(nh, generator=g) * 5 + 0.1
-        return t
+    def _partials(nh, hd):
+        def fill(g):
+            t = torch.randn(nh, hd + 2, generator=g)
+            t[:, hd + 1] = torch.rand(nh, generator=g) * 5 + 0.1
+            return t
+        return fill
 
-    def _empty(g):
-        t = torch.zeros(nh, hd + 2)
-        t[:, hd] = float("-inf")
-        return t
-    C.append(_single("combine3_one_empty", K.ATTENTION_COMBINE,
-                     [(f"p{i}", BK.IO_INPUT, f32, (nh, hd + 2)) for i in range(P)],
-                     [("y", BK.IO_OUTPUT, bf, (1, nh * hd))], {"head_dim": hd, "n_heads": nh, "h_off": 2, "h_count": 5},
-                     {"p0": _partials, "p1": _empty, "p2": _partials}))
+    def _empty(nh, hd):
+        def fill(g):
+            t = torch.zeros(nh, hd + 2)
+            t[:, hd] = float("-inf")
+            return t
+        return fill
+    # head dims a multiple of 32 (a lane's outputs 32 apart; 2.5 warps' chunks of 128 at 64) and not (80)
+    for name, hd_c, nh_c, h_off, h_count in (("combine3_one_empty", hd, nh, 2, 5),
+                                             ("combine3_hd128", 128, 6, 1, 3), ("combine3_hd80", 80, 4, 0, 4)):
+        C.append(_single(name, K.ATTENTION_COMBINE,
+                         [(f"p{i}", BK.IO_INPUT, f32, (nh_c, hd_c + 2)) for i in range(P)],
+                         [("y", BK.IO_OUTPUT, bf, (1, nh_c * hd_c))],
+                         {"head_dim": hd_c, "n_heads": nh_c, "h_off": h_off, "h_count": h_count},
+                         {"p0": _partials(nh_c, hd_c), "p1": _empty(nh_c, hd_c), "p2": _partials(nh_c, hd_c)}))
     C.append(_single("embed_bf16", K.EMBED, [("ids", BK.IO_INPUT, i32, (2,)), ("table", BK.WEIGHT, bf, (50, 64))],
                      [("y", BK.IO_OUTPUT, bf, (2, 64))], {}, {"ids": _ints((2,), 0, 50), "table": _rand((50, 64), tb)}))
     C.append(_single("kv_append_rank3", K.KV_APPEND, [("new", BK.IO_INPUT, bf, (1, nkv * hd)), ("pos", BK.IO_INPUT, i32, (1,))],

@@ -483,6 +483,45 @@ __device__ __noinline__ void combine_direct(const TaskDesc& d, void* const* P, c
 }
 
 
+// The largest power of two S <= 32 whose 4 S divides the head dim: a lane's 4 outputs S apart,
+// S lanes of a warp reading consecutive words (64: 16, 128 and 256: 32, 80: 4).
+__host__ __device__ constexpr int comb_stride(int hd) {
+  int s = 32;
+  while (s > 1 && hd % (4 * s) != 0) s /= 2;
+  return s;
+}
+
+// The staged combine's merge of head h's outputs dd, dd + S, dd + 2 S, dd + 3 S over the first np
+// of NPC partials staged at st: the same operations, in the same order, for any S.
+template <class TP, class TO, int NPC, int S>
+__device__ __forceinline__ void comb_staged(const char* st, int span, int v0, int np, int hd, int h, int dd,
+                                            bool to_smem, float* xs, TO* y) {
+  float mx = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int p = 0; p < NPC; p++) {
+    if (p >= np) break;
+    mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
+  }
+  float L = 0.f, acc[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++) acc[k] = 0.f;
+#pragma unroll
+  for (int p = 0; p < NPC; p++) {
+    if (p >= np) break;
+    const TP* pp = (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2);
+    const float lp = to_f(pp[hd + 1]);
+    const float w = lp > 0.f ? expf(to_f(pp[hd]) - mx) : 0.f;
+    L += lp * w;
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[k] += to_f(pp[dd + k * S]) * w;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const TO o = from_f<TO>(acc[k] / fmaxf(L, 1e-20f));
+    if (to_smem) xs[h * hd + dd + k * S] = to_f(o); else y[(long long)h * hd + dd + k * S] = o;
+  }
+}
+
 // Split-KV combine: online-softmax merge of P partials [B, NH, HD+2] = [acc | m | l].
 // TO_SMEM (batch 1, every head; folds.norm_into_smem): the result goes, rounded through TO,
 // into the next GEMVs' fp32 x staging area at smem[0] instead of y.
@@ -530,30 +569,13 @@ __device__ __noinline__ void op_combine(AMK_PARAMS) {
     __syncthreads();
     AMK_MARK(3);
     if (threadIdx.x == 0) amk_comb_uses = ph + 1;
-    for (int i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * NT) {
-      const int r = i0, h = h0 + r / hd, dd = r % hd;
-      float mx = -__int_as_float(0x7f800000);
-#pragma unroll
-      for (int p = 0; p < NPC; p++) {
-        if (p >= np) break;
-        mx = fmaxf(mx, to_f(((const TP*)(st + (p * span - v0) * 16))[h * (hd + 2) + hd]));
-      }
-      float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int p = 0; p < NPC; p++) {
-        if (p >= np) break;
-        const TP* pp = (const TP*)(st + (p * span - v0) * 16) + h * (hd + 2);
-        const float lp = to_f(pp[hd + 1]);
-        const float w = lp > 0.f ? expf(to_f(pp[hd]) - mx) : 0.f;
-        L += lp * w;
-#pragma unroll
-        for (int k = 0; k < 4; k++) acc[k] += to_f(pp[dd + k]) * w;
-      }
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const TO o = from_f<TO>(acc[k] / fmaxf(L, 1e-20f));
-        if (to_smem) xs[h * hd + dd + k] = to_f(o); else y[(long long)h * hd + dd + k] = o;
-      }
+    // 4 outputs of one head a lane, S apart (comb_stride), a warp 128 consecutive outputs:
+    // lane-consecutive reads of shared memory (S = 1, 4 consecutive outputs a lane, was a 4-way
+    // bank conflict on every value read at head dim 128, NOTES v58)
+    constexpr int S = comb_stride(HDC);
+    for (int c = (threadIdx.x >> 5) * 128; c < n; c += NWARPS * 128) {
+      const int lane = threadIdx.x & 31, r = c + (lane / S) * 4 * S + lane % S;
+      if (r < n) comb_staged<TP, TO, NPC, S>(st, span, v0, np, hd, h0 + r / hd, r % hd, to_smem, xs, y);
     }
     AMK_MARK(4);
     return;
