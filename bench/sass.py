@@ -16,6 +16,9 @@ prints a table and writes it as JSON (--out/sass.json):
 - the loops that touch local memory (LDL / STL), each with its HMMA count and whether it is
   innermost: a spill in a GEMV's k-block loop costs every k-block, one in its sweep loop once a
   sweep (NOTES v53).
+- each device function's bytes of code (the ELF symbols; the kernel entry's own code is the
+  scheduler): a layer runs ~100-120 KB of them one after another, where the SM's instruction
+  cache keeps ~32-64 KB at full speed and ~128 KB at half (bench/icache_probe.py, NOTES v58).
 
     python bench/sass.py --model llama-3.2-1b --out /tmp/s_1b
     python bench/sass.py --model llama-3.2-1b --quant int4 --out /tmp/s_i4
@@ -192,13 +195,38 @@ def cuobjdump() -> str:
     return found
 
 
-def disassemble(cubin: Path) -> str:
+def disassemble(cubin: Path, what: str = "-sass") -> str:
+    """cuobjdump's text of the cubin: its SASS (-sass) or its ELF sections (-elf)."""
     tool = cuobjdump()
     env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
-    r = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env)
-    if r.returncode != 0 or "Function" not in r.stdout:
+    r = subprocess.run([tool, what, str(cubin)], capture_output=True, text=True, env=env)
+    if r.returncode != 0 or ("Function" if what == "-sass" else ".symtab") not in r.stdout:
         raise SystemExit(f"cuobjdump failed on {cubin}: {(r.stderr or r.stdout).strip()[-300:]}")
     return r.stdout
+
+
+def function_bytes(elf: str) -> dict[str, int]:
+    """`cuobjdump -elf` text -> {device function: bytes of code}, largest first: the local FUNC
+    symbols by identifier (a mangled name's template arguments and parameters cut; instantiations
+    of one template told apart by a count, #2 ...), the entry's own code = its size less theirs."""
+    rows = re.findall(r"^\s*\S+\s+\S+\s+(0x[0-9a-f]+)\s+FUNC\s+(\w+)\s+\w+\s+\S+\s+\S+\s+(\S+)\s*$",
+                      elf, re.M)
+    out, entry = {}, None
+    for size, bind, name in rows:
+        if bind == "GLOBAL":
+            entry = (name, int(size, 16))
+            continue
+        base = name.split("$")[-1]
+        m = re.match(r"_Z(\d+)", base)            # the mangled name: _Z<length><identifier>...
+        short = base[m.end():m.end() + int(m.group(1))] if m else base
+        key, k = short, 1
+        while key in out:
+            k += 1
+            key = f"{short} #{k}"
+        out[key] = int(size, 16)
+    if entry:
+        out[f"{entry[0]} (scheduler)"] = entry[1] - sum(out.values())
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def compile_step(cfg, quant: str | None, batch: int):
@@ -256,7 +284,8 @@ def main(argv=None) -> int:
     sass = disassemble(out / "kernel.cubin")
     (out / "kernel.sass").write_text(sass)
     rep = {"model": a.model, "quant": a.quant or "bf16", "batch": a.batch, "max_seq": a.max_seq,
-           "layers": layers, **report(sass, res.log, res.cubin)}
+           "layers": layers, **report(sass, res.log, res.cubin),
+           "function_bytes": function_bytes(disassemble(out / "kernel.cubin", "-elf"))}
     (out / "sass.json").write_text(json.dumps(rep, indent=1))
     ops = rep["opcodes"]
     print(f"{a.model} {rep['quant']} batch {a.batch} max_seq {a.max_seq}: cubin {rep['md5']} "
@@ -269,6 +298,8 @@ def main(argv=None) -> int:
     print("loops with local memory (span: instructions, HMMA, LDL+STL, innermost): "
           + (" ".join(f"{lp['start']:#x}-{lp['end']:#x}: {lp['instructions']}, {lp['hmma']}, {lp['local']}"
                       f"{', innermost' if lp['innermost'] else ''};" for lp in rep["loops_with_local_memory"]) or "none"))
+    print("code bytes by device function: "
+          + ", ".join(f"{fn} {n}" for fn, n in rep["function_bytes"].items()))
     return 0
 
 

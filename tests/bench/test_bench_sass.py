@@ -92,6 +92,11 @@ def test_the_tool_reads_the_tiny_presets_machine_code(tmp_path, quant):
     lps = sass.loops(sass.parse((tmp_path / "kernel.sass").read_text()))
     assert any(lp["innermost"] and lp["instructions"] > 10 for lp in lps)
     assert rep["loops_with_local_memory"] == [lp for lp in lps if lp["local"]]
+    # code bytes by device function: every function's once, the scheduler's the entry's rest,
+    # together the kernel's text (16 bytes an instruction)
+    fb = rep["function_bytes"]
+    assert fb["amk_megakernel (scheduler)"] > 0 and any(k.startswith("op_gemv_") for k in fb)
+    assert sum(fb.values()) == 16 * rep["instructions"] and "code bytes by device function" in r.stdout
 
 
 def test_an_unknown_preset_is_refused(tmp_path):
