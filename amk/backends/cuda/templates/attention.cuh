@@ -391,23 +391,16 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         const TV* vbase = vc + (b * max_seq * nkv + g) * hd;
         __syncthreads();                                     // the previous users of smem
         AMK_MARK(1);
-        // NEW_KV: the window holds pos (hi = pos + 1): the new rows, to smem (registers spill)
-        const int new_r = d.ip[P_ATTN_NEW_KV] && n > 0 && hi == pos + 1 ? n - 1 : -1;   // its row - lo
-        const long long nro = ((long long)b * nkv + g) * hd;
-        const TQ* qp = q + ((long long)b * nh + hbase) * hd;
-        const TN* knp = new_r >= 0 ? (const TN*)P[4] + nro : nullptr;
-        const TN* vnp = new_r >= 0 ? (const TN*)P[5] + nro : nullptr;
-        if (tid < 32) {          // q's lines and the new rows' into L1 first: the K/V copies below
-          const int kb = knp ? hd * (int)sizeof(TN) : 0;   // would queue in front of their loads
-          prefetch_l1_span(qp, nhs * hd * (int)sizeof(TQ), tid);
-          prefetch_l1_span(knp, kb, tid);
-          prefetch_l1_span(vnp, kb, tid);
-        }
         const int cn0 = n < CR ? n : CR;
         attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before q
         attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
         AMK_MARK(2);
-        attn_stage_q<TQ, TK, TV, TN, TF, QKN>(d, P, qs, qp, nhs * hd, hd, (float)pos, knp, vnp, nrow);
+        // NEW_KV: the window holds pos (hi = pos + 1): the new rows, to smem (registers spill)
+        const int new_r = d.ip[P_ATTN_NEW_KV] && n > 0 && hi == pos + 1 ? n - 1 : -1;   // its row - lo
+        const long long nro = ((long long)b * nkv + g) * hd;
+        attn_stage_q<TQ, TK, TV, TN, TF, QKN>(d, P, qs, q + ((long long)b * nh + hbase) * hd, nhs * hd, hd, (float)pos,
+                                         new_r >= 0 ? (const TN*)P[4] + nro : nullptr,
+                                         new_r >= 0 ? (const TN*)P[5] + nro : nullptr, nrow);
         AMK_MARK(3);
         if (threadIdx.x == 0) preload_next(smem);            // the next task's rows, behind ours
         if (tid < HG) { m_run[tid] = -__int_as_float(0x7f800000); l_run[tid] = 0.f; }

@@ -214,14 +214,6 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
-// Thread t < the span's 128-byte lines requests line t of [p, p + bytes) into L1: no register,
-// no wait (a task's few operand lines asked for ahead of a burst of copies that would queue in
-// front of their loads: the attention's q, NOTES v58).
-__device__ __forceinline__ void prefetch_l1_span(const void* p, int bytes, int t) {
-  const unsigned long long a = (unsigned long long)p & ~127ull;
-  if (bytes > 0 && a + 128ull * t < (unsigned long long)p + bytes)
-    asm volatile("prefetch.global.L1 [%0];" :: "l"(a + 128ull * t));
-}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {   // L2 only, not L1
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
