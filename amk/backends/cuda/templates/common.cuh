@@ -271,8 +271,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 // op_combine reads it on entry and thread 0 counts the use once every thread has waited.
 __shared__ __align__(8) unsigned long long amk_comb_bar;
 __shared__ unsigned amk_comb_uses;
-// One thread: issue the pending preload, once (the staged attention's thread 0 after its own
-// loads are issued; the scheduler's thread 32 when the task ends, after a barrier).
+// Thread 0: issue the pending preload, once (the staged attention calls it after its own loads
+// are issued; the scheduler when the task ends).
 __device__ __forceinline__ void preload_next(char* smem) {
   if (!AMK_PRE || amk_pre_pending == 0) return;
   const RangeDesc* r = amk_pre_ranges[amk_pre_slot];

@@ -6,7 +6,7 @@
 // FUSED step descriptors right after this task ends (three slots measured slower, NOTES v10);
 // the queue's task ids are in shared memory. A task whose descriptor has n_pre copies the NEXT
 // task's first weight rows into shared memory (AMK_PRE, preload.py): thread 0 issues them
-// from the staged attention once its own loads are out, else thread 32 when the task ends. Counters are
+// from the staged attention once its own loads are out, else when the task ends. Counters are
 // monotonic: wait i needs counter >= threshold + epoch * stride, epoch = steps completed,
 // advanced by the last CTA out. Counter i lives at word i * AMK_CSTRIDE.
 
@@ -199,9 +199,7 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
     __syncthreads();
     if (threadIdx.x == 0 && out_counter >= 0)   // after the barrier: the CTA's writes, released
       red_release_add((unsigned*)A.counters + (long long)out_counter * AMK_CSTRIDE, 1u);
-    // the next task's rows, unless issued: by a warp other than the release's, whose fence
-    // waits for this task's stores to reach L2 and held the copies back behind it (NOTES v58)
-    if (AMK_PRE && threadIdx.x == 32) preload_next(smem);
+    if (AMK_PRE && threadIdx.x == 0) preload_next(smem);   // the next task's rows, unless issued
     if (next >= 0) slot_stage2(s_task[slot ^ 1], tasks, ptrs, s_subs[slot ^ 1], s_ptrs[slot ^ 1], ranges, amk_pre_ranges[slot ^ 1]);
 #ifdef AMK_PROFILE
     if (threadIdx.x == 0) {
@@ -211,7 +209,6 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
 #endif
   }
   cp_async_wait<0>();              // nothing may land in shared memory after the CTA exits
-  if (AMK_PRE) __syncthreads();    // thread 32's last preload counted in amk_pre_n
   if (AMK_PRE && threadIdx.x == 0 && amk_pre_n > 0) mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
   if (threadIdx.x == 0 && !aborted) {
     __threadfence();
