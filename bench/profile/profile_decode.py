@@ -108,8 +108,10 @@ def summarise(prog, rows, steps: dict | None = None, marks: dict | None = None) 
 
 
 def timeline(st: list | None, mk: list) -> list:
-    """A task's points between ready and its end, in program order: a plain task's marks as
-    "k"; a FUSED task's step starts as "s<j>" each followed by that step's marks as "<j>.k"."""
+    """A task's points between ready and its end: a plain task's marks as "k"; a FUSED task's
+    step starts as "s<j>" each followed by that step's marks as "<j>.k"; a step's marks in the
+    order they were passed (a mark's number need not be its place)."""
+    mk = sorted(mk, key=lambda m: (m[0], m[2]))
     if not st:
         return [(str(k), v) for _, k, v in mk]
     out = []

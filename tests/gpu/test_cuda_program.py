@@ -156,9 +156,9 @@ def test_cuda_graph_capture_of_one_step():
 
 def test_profile_build_records_each_gemv_tasks_marks_in_order():
     """The profile build (AMK_PROFILE=1): every task's ready time lies between its wait's end and
-    its end; every plain op_gemv_direct task records its AMK_MARK points 0..4 (entered, x
-    staged, warp 0's first item, all items, stored) as step 0's, in order, after ready; a FUSED
-    task's marks are its steps' own, each step's after that step's start."""
+    its end; every plain op_gemv_direct task records its AMK_MARK points (entered, x staged,
+    warp 0's first weights 5, its first item 2, all items, stored) as step 0's, in that order,
+    after ready; a FUSED task's marks are its steps' own, each step's after that step's start."""
     prog = chain_program()
     cp = CudaProgram(prog, "cuda", options=CudaOptions(profile=True))
     cp.run({k: v.cuda() for k, v in chain_bindings(5).items()})
@@ -168,8 +168,9 @@ def test_profile_build_records_each_gemv_tasks_marks_in_order():
     gemvs = [i for i, t in enumerate(prog.tasks) if t.op == K.GEMV_TILE]
     assert len(gemvs) == 4 and set(gemvs) <= set(marks)
     for i in gemvs:
-        ts = [t for _, _, t in marks[i]]
-        assert [(s, k) for s, k, _ in marks[i]] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]
+        by_k = {k: t for _, k, t in marks[i]}
+        assert [s for s, _, _ in marks[i]] == [0] * 6 and sorted(by_k) == [0, 1, 2, 3, 4, 5]
+        ts = [by_k[k] for k in (0, 1, 5, 2, 3, 4)]
         assert rows[i][6] <= ts[0] and ts == sorted(ts) and ts[-1] <= rows[i][4]
     steps = cp.profile_steps()                 # the lowered FUSED tasks (the norm + LM-head tiles)
     fused = [i for i in range(len(prog.tasks)) if int(cp.lowered.tasks[i]["op"]) == int(K.FUSED)]

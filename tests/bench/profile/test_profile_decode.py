@@ -94,7 +94,8 @@ def test_marks_are_averaged_over_the_tasks_that_passed_them(pd, prog):
 
 def test_a_fused_tasks_marks_follow_its_step_starts(pd, prog):
     """A FUSED task's marks are each step's own (step, k): the timeline puts every step's start
-    before that step's marks, so the intervals name the step they fall in."""
+    before that step's marks, in the order they were passed (not their numbers'), so the
+    intervals name the step they fall in."""
     wq = [t for t in prog.tasks if pd.task_kind(t, prog.buffers) == "wq+RMSNORM"]
     rows = _rows(prog)
     w1 = {r[0]: r[3] for r in rows}
@@ -102,7 +103,7 @@ def test_a_fused_tasks_marks_follow_its_step_starts(pd, prog):
     for t in wq:          # norm from 0.1 us (mark 0 at 0.2), the GEMV from 0.5 (mark 0 0.6, 1 0.9)
         ops = [st.op for st in recipe_of(t).steps]
         steps[t.id] = [(ops[0], w1[t.id] + 100), (ops[1], w1[t.id] + 500)]
-        marks[t.id] = [(0, 0, w1[t.id] + 200), (1, 0, w1[t.id] + 600), (1, 1, w1[t.id] + 900)]
+        marks[t.id] = [(0, 0, w1[t.id] + 200), (1, 1, w1[t.id] + 900), (1, 0, w1[t.id] + 600)]
     d = pd.summarise(prog, rows, steps, marks)["kinds"]["wq+RMSNORM"]
     assert pd.marks_line(d) == (f"marks us/task ({len(wq)} of {len(wq)} tasks): w>r 0.05, r>s0 0.05, "
                                 "s0>0.0 0.10, 0.0>s1 0.30, s1>1.0 0.10, 1.0>1.1 0.30, 1.1>e 0.10")

@@ -330,7 +330,8 @@ __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* 
 // NORM (folds.norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
-// AMK_MARK (profile builds): 0 entered, 1 x staged, 2 warp 0's first item, 3 all items, 4 stored.
+// AMK_MARK (profile builds): 0 entered, 1 x staged, 5 warp 0's first weights in registers (its
+// preload landed) or requested, 2 its first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
           bool NORM = false, class NX = float, class NW = float, bool PRE = false, int RN = RMS_RN,
           int SR = 1>
@@ -361,6 +362,7 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     } else {
       direct_load<NMAT, GU, SR>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
     }
+    if (it == it0) AMK_MARK(5);
     direct_dot<TW, NMAT, GU, SR>(wv, xs, part, n_tile, nv, nseg, it);
     if (it == it0) AMK_MARK(2);
   }
