@@ -228,7 +228,8 @@ def cases() -> list[Case]:
             t[:, hd] = float("-inf")
             return t
         return fill
-    # head dims a multiple of 32 (a lane's outputs 32 apart; 2.5 warps' chunks of 128 at 64) and not (80)
+    # the staged merge's lanes read 16 apart at hd 64 (5 heads: 2.5 warps' chunks of 128), 32 apart
+    # at 128 and 4 apart at 80 (comb_stride)
     for name, hd_c, nh_c, h_off, h_count in (("combine3_one_empty", hd, nh, 2, 5),
                                              ("combine3_hd128", 128, 6, 1, 3), ("combine3_hd80", 80, 4, 0, 4)):
         C.append(_single(name, K.ATTENTION_COMBINE,
