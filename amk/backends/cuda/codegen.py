@@ -75,7 +75,7 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
     if options.profile:
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n"
                         f"#define AMK_PROF_STEPS {abi.PROF_STEPS}\n#define AMK_PROF_MARKS {abi.PROF_MARKS}\n"
-                        f"#define AMK_PROF_MARK0 {abi.PROF_MARK0}\n")
+                        f"#define AMK_PROF_HEAD {abi.PROF_HEAD}\n#define AMK_PROF_MARK0 {abi.PROF_MARK0}\n")
     for name in TEMPLATE_FILES[:-1]:
         parts.append(f"// ---- {name} ----\n" + t[name])
     parts.append("// ---- scheduler.cu ----\n"

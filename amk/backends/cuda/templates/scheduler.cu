@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
         if (fits) {
           if (s > 0 || T.n_zero > 0) __syncthreads();
 #ifdef AMK_PROFILE
-          if (threadIdx.x == 0 && s < AMK_PROF_STEPS) prof[AMK_PROF_W * i + 5 + s] = global_timer();
+          if (threadIdx.x == 0 && s < AMK_PROF_STEPS) prof[AMK_PROF_W * i + AMK_PROF_HEAD + s] = global_timer();
 #endif
           const TaskDesc& S = s_subs[slot][s];
           run_variant(S, &s_ptrs[slot][S.ptr_begin - T.ptr_begin], smem, st);
