@@ -23,7 +23,7 @@ from amk.backends.cuda.folds import fold_steps
 from amk.backends.cuda.kernel_spec import KernelSpec, kernel_spec
 from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
-from amk.backends.cuda.preload import drop_unissued_preloads, preload, stream_slots
+from amk.backends.cuda.preload import drop_unissued_preloads, preload
 from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask,
                                      Fused, View, fail)
 from amk.backends.cuda.tables import Lowered, pack
@@ -58,8 +58,6 @@ def fold_program(program: Program, n_ctas: int = 132,
         tasks.append(ft)
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
-    if options.pre_chunk:
-        stream_slots(tasks, queues)
     return Folded(tasks, queues, scratch)
 
 

@@ -49,7 +49,6 @@ def test_the_spec_agrees_with_the_packed_tables(program):
         if v.fn == "op_gemv_direct":
             assert bool(v.arg("pre")) == bool(pre_rows[t["variant"] == i].any()), v
     assert spec.pre == bool(t["n_pre"].any()) and spec.zero == bool(t["n_zero"].any())
-    assert spec.stream == bool((t["n_pre"] & abi.PRE_STREAM).any())
     assert spec.too_many == () and (t["n_in"] + t["n_out"] <= abi.MAX_PTRS).all()
     assert ks.kernel_spec(fold_program(program, 132, opts)) == spec     # from the fold alone
     assert render_lowered(low, opts) == render_spec(spec, opts)

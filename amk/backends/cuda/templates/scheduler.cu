@@ -16,11 +16,6 @@
 #define DESC_WORDS ((int)(sizeof(TaskDesc) / 4))
 #define QUEUE_CAP 512        // queue entries a CTA keeps in shared memory (the rest: global)
 
-// The ranges a task's n_pre names (under AMK_PRE_STREAM it also carries PRE_* flags).
-__device__ __forceinline__ int pre_count(const TaskDesc& t) {
-  return AMK_PRE_STREAM ? t.n_pre & PRE_COUNT_MASK : t.n_pre;
-}
-
 // Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0 or the init thread). Every thread commits a group, empty or not.
 __device__ __forceinline__ void slot_stage1(const TaskDesc* src, TaskDesc* dst) {
   const int i = threadIdx.x - 64;
@@ -38,12 +33,8 @@ __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* t
   const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
   const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x;
   if (i < np) cp_async8(sp + i, ptrs + t.ptr_begin + i);
-  if (AMK_PRE_STREAM) {         // thread 0 copies them all: pre_stream reads them in its poll
-    if (i == 0 && pre_count(t) > 0) cp_async16(pre, ranges + t.pre_begin);
-    if (i == 0 && pre_count(t) > 1) cp_async16(pre + 1, ranges + t.pre_begin + 1);
-  } else if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8)) {
+  if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8))
     cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pre_begin) + i);
-  }
   if (fits && t.op == OP_FUSED) {
     const int* src = (const int*)(tasks + t.sub_begin), nw = t.n_sub * DESC_WORDS;
     if (i < nw) cp_async4((int*)subs + i, src + i);
@@ -80,9 +71,7 @@ __device__ __noinline__ void run_unstaged(const TaskDesc* sub, const unsigned lo
 // Thread 0 only. Returns false when the kernel is aborting. The first AMK_INLINE_WAITS waits
 // come from the descriptor in shared memory (a global load before the first poll would add a
 // round trip to every task start whose counters are already there), the rest from the table.
-// Under AMK_PRE_STREAM a task whose n_pre has PRE_STREAM streams the next task's rows
-// (pre_stream) between its polls.
-__device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch, char* smem) {
+__device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch) {
   const WaitDesc* w = (const WaitDesc*)A.waits + t->wait_begin;
   unsigned* counters = (unsigned*)A.counters;
   KernelState* st = (KernelState*)A.state;
@@ -96,7 +85,6 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
     unsigned last = v, ns = 16;
     unsigned long long t_last = global_timer();
     for (;;) {
-      if (AMK_PRE_STREAM && (t->n_pre & PRE_STREAM)) pre_stream(smem, t->n_pre & PRE_COUNT_MASK);
       __nanosleep(ns);
       if (ns < AMK_SPIN_NS) ns <<= 1;
       v = ld_acquire(c);
@@ -135,9 +123,7 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
   const int qb = qo[blockIdx.x], qe = qo[blockIdx.x + 1];
   if (threadIdx.x == AMK_INIT_THREAD) {
     amk_bw.dead = 0; amk_bw.watchdog_ns = A.watchdog_ns; amk_bw.st = st;
-    for (int k = 0; k < PRE_SLOTS; k++) { mbar_init(&amk_pre_bar[k], 1); amk_pre_n[k] = 0; }
-    amk_pre_pending = 0;
-    if (AMK_PRE_STREAM) { amk_pre_dst = 0; amk_pre_cur = 0; amk_pre_done = 0; }
+    mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
     mbar_init(&amk_comb_bar, 1); amk_comb_uses = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
   }
@@ -168,14 +154,8 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
     if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during the poll
     else cp_async_commit();
     if (threadIdx.x == 0) {
-      if (AMK_PRE_STREAM) {         // this task's rows are where its host put them; the next task's
-        amk_pre_cur = amk_pre_dst; amk_pre_dst = (T.n_pre & PRE_SLOT_B) ? 1 : 0;
-        amk_pre_slot = slot; amk_pre_done = 0; amk_pre_t = 0;
-      }
-      s_ok = wait_task(&T, A, epoch, smem) ? 1 : 0;
-      // the next task's rows (once some are streamed, the rest even when aborting: their
-      // barrier phase must complete before the CTA exits)
-      if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok || (AMK_PRE_STREAM && amk_pre_done) ? pre_count(T) : 0; }
+      s_ok = wait_task(&T, A, epoch) ? 1 : 0;
+      if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
 #ifdef AMK_PROFILE
       prof[AMK_PROF_W * i + 1] = global_timer();
       amk_mark_row = prof + AMK_PROF_W * i + AMK_PROF_MARK0;     // step 0's (a FUSED task's too)
@@ -229,11 +209,7 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
 #endif
   }
   cp_async_wait<0>();              // nothing may land in shared memory after the CTA exits
-  if (AMK_PRE && threadIdx.x == 0) {
-    if (AMK_PRE_STREAM && amk_pre_pending && amk_pre_done) preload_rest(smem);   // an aborted task's
-    for (int k = 0; k < PRE_SLOTS; k++)
-      if (amk_pre_n[k] > 0) pre_wait(k);
-  }
+  if (AMK_PRE && threadIdx.x == 0 && amk_pre_n > 0) mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
   if (threadIdx.x == 0 && !aborted) {
     __threadfence();
     const unsigned old = atomicAdd(&st->done, 1u);
