@@ -67,17 +67,6 @@ def preload_bytes() -> int:
     return n
 
 
-def pre_chunk() -> int:
-    """AMK_PRE_CHUNK: bytes of the next GEMV tile's preload that a GEMV tile streams into the
-    second preload slot while it polls its own counters, one chunk at a time, paced at the SM's
-    ~28 GB/s so that at most one chunk is ahead of the poll's reply (cuda/preload.py,
-    stream_slots). 0 = off: every preload is issued when the task before ends. Default 8192."""
-    n = _int("AMK_PRE_CHUNK", 8192)
-    if not 0 <= n <= 65536 or n % 16:
-        raise ValueError(f"AMK_PRE_CHUNK={n}: expected a multiple of 16 in 0..65536")
-    return n
-
-
 def spin_ns() -> int:
     """AMK_SPIN_NS: the longest sleep (ns) between two polls of a counter by a waiting CTA
     (the backoff doubles from 16 up to it). Every waiting SM polls the same counter, so short
@@ -136,7 +125,7 @@ def vm_timeout_s() -> float:
 def cuda_options() -> CudaOptions:
     """Every CUDA knob, read now, as the CudaOptions the backend gets."""
     src = cuda_source()
-    return CudaOptions(preload_bytes=preload_bytes(), pre_chunk=pre_chunk(), spin_ns=spin_ns(),
+    return CudaOptions(preload_bytes=preload_bytes(), spin_ns=spin_ns(),
                        counter_stride=counter_stride(), profile=profile(), lineinfo=lineinfo(),
                        source=src[1] if src else None, source_path=src[0] if src else "",
                        watchdog_s=watchdog_s(), cache_dir=cache_dir())

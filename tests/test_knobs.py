@@ -14,7 +14,7 @@ AMK = Path(__file__).parents[1] / "amk"
 
 @pytest.mark.parametrize("name, bad", [
     ("AMK_SPIN_NS", "8"), ("AMK_COUNTER_STRIDE", "3"), ("AMK_PRELOAD", "65552"),
-    ("AMK_PRELOAD", "100"), ("AMK_PRE_CHUNK", "100"), ("AMK_PRE_CHUNK", "-16"), ("AMK_SPIN_NS", "fast"), ("AMK_CUDA_SOURCE", "/nonexistent/kernel.cu")])
+    ("AMK_PRELOAD", "100"), ("AMK_SPIN_NS", "fast"), ("AMK_CUDA_SOURCE", "/nonexistent/kernel.cu")])
 def test_a_bad_knob_value_names_the_knob(monkeypatch, name, bad):
     monkeypatch.setenv(name, bad)
     with pytest.raises(ValueError, match=name):
@@ -23,7 +23,7 @@ def test_a_bad_knob_value_names_the_knob(monkeypatch, name, bad):
 
 @pytest.mark.parametrize("name, value", [
     ("AMK_SPIN_NS", "1024"), ("AMK_COUNTER_STRIDE", "64"), ("AMK_PRELOAD", "0"),
-    ("AMK_PRE_CHUNK", "0"), ("AMK_PROFILE", "1"), ("AMK_LINEINFO", "1")])
+    ("AMK_PROFILE", "1"), ("AMK_LINEINFO", "1")])
 def test_cuda_knobs_change_the_cache_keys(monkeypatch, name, value):
     from amk.backends.cuda import lowered_cache
     from amk.testing import cuda_examples as examples
@@ -49,7 +49,7 @@ def test_the_source_override_is_keyed_by_its_content(monkeypatch, tmp_path):
 
 
 def test_defaults_are_the_options_defaults(monkeypatch):
-    for name in ("AMK_SPIN_NS", "AMK_COUNTER_STRIDE", "AMK_PRELOAD", "AMK_PRE_CHUNK", "AMK_PROFILE",
+    for name in ("AMK_SPIN_NS", "AMK_COUNTER_STRIDE", "AMK_PRELOAD", "AMK_PROFILE",
                  "AMK_LINEINFO", "AMK_CUDA_SOURCE", "AMK_WATCHDOG_S"):
         monkeypatch.delenv(name, raising=False)
     assert knobs.cuda_options() == CudaOptions(cache_dir=knobs.cache_dir())

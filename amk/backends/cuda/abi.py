@@ -33,7 +33,7 @@ TASK_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("task_id", "int", 1),       # Program task id (for error reports)
     ("n_ptr_all", "int", 1),     # pointers of the task AND its FUSED steps, contiguous from
                                  #   ptr_begin (the scheduler copies them in one go)
-    ("n_pre", "int", 1),         # copied into smem during this task (preload.py), | PRE_* flags
+    ("n_pre", "int", 1),         # copied into smem at AMK_PRE_OFF during this task (preload.py)
     ("wait_c", "int", INLINE_WAITS),          # the first INLINE_WAITS waits again (counter,
     ("wait_t", "unsigned", INLINE_WAITS),     #   threshold, stride): they arrive in shared memory
     ("wait_s", "unsigned", INLINE_WAITS),     #   with the descriptor, no load before the poll
@@ -50,12 +50,6 @@ ERR_FIELDS = (("task", "int", 1), ("counter", "int", 1), ("value", "unsigned", 1
 STATE_FIELDS = (("epoch", "unsigned", 1), ("done", "unsigned", 1), ("abort", "unsigned", 1),
                 ("fault", "int", 1), ("fault_task", "int", 1), ("fault_value", "int", 1),
                 ("pad0", "int", 1), ("pad1", "int", 1))
-
-# n_pre's flags above its range count: the rows go to slot B (else A), and this task streams
-# them while it polls (else it issues them when it ends, or from its staged attention)
-PRE_COUNT_MASK = 0xFF
-PRE_SLOT_B = 1 << 8
-PRE_STREAM = 1 << 9
 
 FAULT_DEADLOCK = 1
 FAULT_KV_POS = 2        # KV_APPEND position outside the cache
@@ -114,9 +108,8 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
              "ROPE_INV", "NEW_KV", "K_ROPE",
              "KV_SHARD", "KV_SHARDS", "WINDOW",    # WINDOW > 0: rows (pos - WINDOW, pos] only
              "SHARD_ROWS",
-             "QKN_ARGS",    # q's norm weight at input QKN_ARGS & 255, the new k row's at >> 8
+             "QKN_ARGS"),   # q's norm weight at input QKN_ARGS & 255, the new k row's at >> 8
                             # (0: none; folds.norm_into_attention), eps QKN_EPS
-             "EARLY"),      # pos read and the K/V copies issued during the poll (attn_early)
     # op_ewx (templates/ops_models.cuh): unary ops and COPY's column move; x read at
     # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
     "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),
@@ -175,8 +168,7 @@ def render_header() -> str:
     out += [f"#define EWX_{k} {i}\n" for i, k in enumerate(EWX_KINDS)]
     out += [f"#define FAULT_DEADLOCK {FAULT_DEADLOCK}\n", f"#define FAULT_KV_POS {FAULT_KV_POS}\n",
             f"#define FAULT_EMBED_ID {FAULT_EMBED_ID}\n", f"#define FAULT_COPY {FAULT_COPY}\n",
-            f"#define AMK_INLINE_WAITS {INLINE_WAITS}\n",
-            f"#define PRE_COUNT_MASK {PRE_COUNT_MASK}\n#define PRE_SLOT_B {PRE_SLOT_B}\n#define PRE_STREAM {PRE_STREAM}\n"]
+            f"#define AMK_INLINE_WAITS {INLINE_WAITS}\n"]
     for g, names in IP_SLOTS.items():
         out += [f"#define P_{g}_{n} {i}\n" for i, n in enumerate(names)]
     for g, names in FP_SLOTS.items():

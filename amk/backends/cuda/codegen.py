@@ -17,7 +17,7 @@ from amk.backends.cuda import abi
 from amk.backends.cuda.abi import MAX_PTRS
 from amk.backends.cuda.lowered_cache import lower_program_cached
 from amk.backends.cuda.options import CudaOptions
-from amk.backends.cuda.smem import NTHREADS, PRE_B_OFF, PRE_OFF, STAGE_BYTES, STAGE_OFF
+from amk.backends.cuda.smem import NTHREADS, PRE_OFF, STAGE_BYTES, STAGE_OFF
 from amk.backends.cuda.steps import RMS_RN, Variant
 from amk.backends.cuda.kernel_spec import KernelSpec
 from amk.backends.cuda.tables import Lowered
@@ -61,22 +61,16 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
     if spec.too_many:
         raise CompileError(f"CUDA backend: tasks {list(spec.too_many[:8])} have more than {MAX_PTRS} operands")
     cases = "\n".join(f"    case {i}: {call_text(v)}; break;" for i, v in enumerate(spec.variants))
-    # the staged attention's early phase (attn_early), for the variants that have one
-    early = "\n".join(f"    case {i}: {call_text(Variant('attn_early', v.args))}; break;"
-                      for i, v in enumerate(spec.variants) if v.fn == "op_attention_smem")
     t = _templates()
     parts = [f"// AMK megakernel: {len(spec.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {NTHREADS}\n"
              f"#define AMK_STAGE_OFF {STAGE_OFF}\n#define AMK_STAGE_BYTES {STAGE_BYTES}\n"
              f"#define AMK_SPIN_NS {options.spin_ns}\n#define AMK_CSTRIDE {options.counter_stride}\n"
              f"#define AMK_PRE {int(spec.pre)}\n#define AMK_PRE_OFF {PRE_OFF}\n"
-             f"#define AMK_PRE_STREAM {int(spec.stream)}\n#define AMK_PRE_B_OFF {PRE_B_OFF}\n"
-             # a chunk at most every chunk / 28 ns: the SM's ~28 GB/s intake (NOTES v59)
-             f"#define AMK_PRE_CHUNK {options.pre_chunk}\n#define AMK_PRE_PACE_NS {options.pre_chunk // 28}\n"
              f"#define AMK_RMS_RN {RMS_RN}\n"
              # code for what the program does not use is not compiled (dead code in the hot
              # functions costs time: NOTES v16a)
-             f"#define AMK_ZERO {int(spec.zero)}\n#define AMK_EARLY {int(spec.early)}\n",
+             f"#define AMK_ZERO {int(spec.zero)}\n",
              abi.render_header()]
     if options.profile:
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n"
@@ -85,8 +79,7 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
     for name in TEMPLATE_FILES[:-1]:
         parts.append(f"// ---- {name} ----\n" + t[name])
     parts.append("// ---- scheduler.cu ----\n"
-                 + Template(t["scheduler.cu"]).substitute(cases=cases, early_cases=early,
-                                                          max_ptrs=MAX_PTRS))
+                 + Template(t["scheduler.cu"]).substitute(cases=cases, max_ptrs=MAX_PTRS))
     return "\n".join(parts)
 
 

@@ -23,7 +23,7 @@ from amk.backends.cuda.folds import fold_steps
 from amk.backends.cuda.kernel_spec import KernelSpec, kernel_spec
 from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
-from amk.backends.cuda.preload import drop_unissued_preloads, preload, stream_slots
+from amk.backends.cuda.preload import drop_unissued_preloads, preload
 from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask,
                                      Fused, View, fail)
 from amk.backends.cuda.tables import Lowered, pack
@@ -55,21 +55,10 @@ def fold_program(program: Program, n_ctas: int = 132,
             ft = preload(ft, options.preload_bytes, pre_memo)
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
-            _no_early(ft)
         tasks.append(ft)
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
-    if options.pre_chunk:
-        stream_slots(tasks, queues)
     return Folded(tasks, queues, scratch)
-
-
-def _no_early(ft: FoldedTask) -> None:
-    """A FUSED task's steps have no early phase: the scheduler runs one (attn_early, during the
-    poll) only for a plain task."""
-    for enc, _, _ in ft.steps:
-        if enc.ip.get("EARLY"):
-            enc.ip["EARLY"] = 0
 
 
 def _lower_and_fold(t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:

@@ -14,7 +14,6 @@ from pathlib import Path
 class CudaOptions:
     preload_bytes: int = 65536      # a GEMV tile's weight bytes preloaded into smem (preload.py); 0 off
     spin_ns: int = 128              # longest sleep between two polls of a counter
-    pre_chunk: int = 8192           # bytes of the next tile's preload a polling GEMV tile streams at a time (preload.stream_slots); 0: none
     counter_stride: int = 1         # 4-byte words between two counters in device memory
     profile: bool = False           # per-task %globaltimer records (CudaProgram.profile)
     lineinfo: bool = False          # NVRTC -lineinfo (profilers map SASS to source lines)
@@ -27,7 +26,7 @@ class CudaOptions:
         """Everything here that changes the lowered tables, the source or the cubin (the source
         override by its content); not where caches live, the watchdog or debug printing."""
         src = hashlib.sha256(self.source.encode()).hexdigest() if self.source is not None else "-"
-        return repr((self.preload_bytes, self.pre_chunk, self.spin_ns, self.counter_stride, self.profile,
+        return repr((self.preload_bytes, self.spin_ns, self.counter_stride, self.profile,
                      self.lineinfo, src))
 
     def __repr__(self) -> str:      # the override's text is long: its hash instead

@@ -8,12 +8,6 @@ The copy starts from the staged attention right after it has issued its own load
 stage (the release, the poll, x and its norm) leaves the HBM and the SM's ingress idle, so the
 rows land while the task waits rather than after its x is staged (a copy issued at the task's
 own start delays its loads behind it: NOTES v11). Before v35 only the o tiles preloaded.
-
-Issued at the end, the rows start ~1 us before the wait they should cover ends (NOTES v59). So
-a GEMV tile that polls streams its successor's rows during its own wait instead, in chunks
-paced at the SM's intake (CudaOptions.pre_chunk), into the slot its own rows do not occupy
-(stream_slots): slot B lies below slot A, where the staged attention and the o tile's folded
-combine stage their data, so only tiles whose work areas both end below it use it.
 """
 from __future__ import annotations
 
@@ -21,7 +15,6 @@ from dataclasses import replace
 
 from amk.identity_memo import IdentityMemo
 from amk.program.ir import BufferKind, InstructionKind as K
-from amk.backends.cuda.smem import PRE_B_OFF
 from amk.backends.cuda.steps import FoldedTask
 
 
@@ -62,40 +55,3 @@ def drop_unissued_preloads(tasks: list[FoldedTask], queues: list[list[int]]) -> 
             enc, args, outs = ft.steps[ft.preload_step]
             ft.steps[ft.preload_step] = (replace(enc, ip=dict(enc.ip, PRE=0)), args, outs)
             ft.preload = []
-
-
-def stream_slots(tasks: list[FoldedTask], queues: list[list[int]]) -> None:
-    """Where each preload lands and whether its host streams it during its own poll: a host
-    of op_gemv_direct steps only streams into a slot its own rows are not in (slot B only
-    where its work area and its successor's end below it), else the rows go to slot A when
-    the host ends (or from its staged attention), as before. Sets pre_slot / pre_streamed."""
-    for q in queues:
-        read = None                           # the slot the previous task's rows are in
-        for k, j in enumerate(q):
-            n = tasks[j]
-            if k == 0 or not n.preload:
-                read = None
-                continue
-            h = tasks[q[k - 1]]
-            top_h, top_n = _gemv_top(h), _gemv_top(n)
-            slot = None
-            if top_h is not None:
-                fits_b = top_h <= PRE_B_OFF and top_n is not None and top_n <= PRE_B_OFF
-                for s in ((1, 0) if read != 1 else (0,)):
-                    if s != read and (s == 0 or fits_b):
-                        slot = s
-                        break
-            n.pre_slot, n.pre_streamed = (slot, True) if slot is not None else (0, False)
-            read = n.pre_slot
-
-
-def _gemv_top(ft: FoldedTask) -> int | None:
-    """The end of a task's shared-memory work area when every step is an op_gemv_direct (x as
-    fp32, then a sum per row pair and K segment: encoders._direct_fits), else None."""
-    top = 0
-    for enc, args, _ in ft.steps:
-        if not enc.is_fn("op_gemv_direct"):
-            return None
-        k, nseg = enc.ip["K"], -(-enc.ip["K"] * args[1].esize // 4096)
-        top = max(top, 4 * (-(-k // 4) * 4 + 2 * enc.ip["N_TILE"] * nseg))
-    return top

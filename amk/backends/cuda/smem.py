@@ -5,9 +5,7 @@ with it).
 One CTA an SM, 512 threads, 212 KiB:
     [0, STAGE_OFF)           work area: x staged as fp32 (XS_MAX floats), sums, the attention
     [STAGE_OFF, SMEM_BYTES)  staging area: the combine's partials and the attention's K/V chunks
-    [PRE_OFF, SMEM_BYTES)    a GEMV tile's preloaded rows (the top 64 KiB; preload.py): slot A
-    [PRE_B_OFF, PRE_OFF)     slot B: rows a GEMV tile streams in while the tile before it polls,
-                             where both tiles' work areas end below it (preload.stream_slots)
+    [PRE_OFF, SMEM_BYTES)    a GEMV tile's preloaded rows (the top 64 KiB; preload.py)
     [x's end, PRE_OFF)       an o tile's folded combine: its partials, staged from the end of
                              its x (1024-aligned) up to the preload (FOLD_STAGE_TOP)
 """
@@ -27,7 +25,6 @@ STAGE_BYTES = 128 << 10
 # so the L1 is the same size.
 SMEM_BYTES = STAGE_OFF + STAGE_BYTES + 4096 + 16384
 PRE_OFF = SMEM_BYTES - 65536     # preload.py's GEMV rows: the top 64 KiB
-PRE_B_OFF = PRE_OFF - 65536      # the second slot, below it
 # An o tile's folded combine stages every partial (op_combine's staged path: one bulk copy a
 # partial, one round trip) from the end of its x up to this: split_kv folds batch 1's combine
 # only where all of P's partials fit (PassOptions.fold_partial_bytes); more took combine_direct,

@@ -127,8 +127,6 @@ class FoldedTask:
     zero: list
     preload: list = field(default_factory=list)
     preload_step: int = -1               # the step whose ip PRE reads the preloaded rows
-    pre_slot: int = 0                    # where they land: 0 slot A, 1 slot B (smem.py)
-    pre_streamed: bool = False           # streamed while the task before polls (stream_slots)
 
     @cached_property      # steps are replaced in place only by steps over the same views
     def one(self) -> bool:

@@ -116,11 +116,9 @@ def pack(program: Program, folded: Folded, spec: KernelSpec | None = None) -> Lo
     pre: dict[int, tuple[int, int]] = {}
     for q in folded.queues:       # each preload's ranges go to the task before it in its queue
         for k, j in enumerate(q):
-            n = folded.tasks[j]
-            if k > 0 and n.preload:
-                flags = (abi.PRE_SLOT_B if n.pre_slot else 0) | (abi.PRE_STREAM if n.pre_streamed else 0)
-                pre[q[k - 1]] = (len(ranges), len(n.preload) | flags)
-                ranges.extend(n.preload)
+            if k > 0 and folded.tasks[j].preload:
+                pre[q[k - 1]] = (len(ranges), len(folded.tasks[j].preload))
+                ranges.extend(folded.tasks[j].preload)
     table = _table(rows + subs, contents + sub_contents, pre, waits)
     wt = np.zeros(len(waits), dtype=abi.WAIT_DTYPE)
     if waits:

@@ -194,20 +194,14 @@ struct BulkWatch {
   KernelState* st;
 };
 __shared__ BulkWatch amk_bw;
-// AMK_PRE: the next task's first GEMV rows (preload.py), bulk-copied by thread 0 during the task
-// before it into slot A (smem + AMK_PRE_OFF) or, under AMK_PRE_STREAM, slot B (smem +
-// AMK_PRE_B_OFF); slot s's copies complete phase amk_pre_n[s] - 1 of amk_pre_bar[s] (amk_pre_n:
-// preloads into it so far). amk_pre_cur: the slot the running task's rows are in.
-// amk_pre_ranges[slot]: the running task's ranges to copy (the descriptor slot's), amk_pre_pending
-// of them not yet issued into slot amk_pre_dst, amk_pre_done of their bytes already streamed
-// during the poll (thread 0's bookkeeping).
-#define PRE_SLOTS (AMK_PRE_STREAM ? 2 : 1)
-__shared__ __align__(8) unsigned long long amk_pre_bar[PRE_SLOTS];
-__shared__ unsigned amk_pre_n[PRE_SLOTS];
-__shared__ int amk_pre_pending, amk_pre_slot, amk_pre_dst, amk_pre_cur;
-__shared__ unsigned amk_pre_done, amk_pre_total;
-__shared__ unsigned long long amk_pre_t;
-__shared__ __align__(AMK_PRE_STREAM ? 16 : 8) RangeDesc amk_pre_ranges[2][AMK_PRE ? 2 : 1];   // cp_async16: slot_stage2
+// AMK_PRE: the next task's first GEMV rows (preload.py), bulk-copied to smem + AMK_PRE_OFF by
+// thread 0 during the task before it, complete phase amk_pre_n - 1 of amk_pre_bar (amk_pre_n:
+// preloads this CTA issued). amk_pre_ranges[slot]: the running task's ranges to copy (the
+// descriptor slot's), amk_pre_pending of them not yet issued (thread 0's bookkeeping).
+__shared__ __align__(8) unsigned long long amk_pre_bar;
+__shared__ unsigned amk_pre_n;
+__shared__ int amk_pre_pending, amk_pre_slot;
+__shared__ RangeDesc amk_pre_ranges[2][AMK_PRE ? 2 : 1];
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   unsigned r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
@@ -277,72 +271,18 @@ __device__ __forceinline__ void fence_proxy_async() {
 // op_combine reads it on entry and thread 0 counts the use once every thread has waited.
 __shared__ __align__(8) unsigned long long amk_comb_bar;
 __shared__ unsigned amk_comb_uses;
-// Where slot s's rows lie, and the wait for the running task's (its slot: amk_pre_cur).
-__device__ __forceinline__ char* pre_rows(char* smem, int s) {
-  return smem + (AMK_PRE_STREAM && s ? AMK_PRE_B_OFF : AMK_PRE_OFF);
-}
-__device__ __forceinline__ void pre_wait(int s) {
-  mbar_wait(&amk_pre_bar[s], (amk_pre_n[s] - 1) & 1u);
-}
-// Thread 0: the rest of a preload pre_stream began (its bytes from amk_pre_done on).
-__device__ __noinline__ void preload_rest(char* smem) {
-  const RangeDesc* r = amk_pre_ranges[amk_pre_slot];
-  const unsigned done = amk_pre_done;
-  const int s = amk_pre_dst;
-#pragma unroll 1
-  for (int i = 0, off = 0; i < amk_pre_pending; off += (int)r[i].bytes, i++) {
-    const unsigned n = (unsigned)r[i].bytes;
-    const unsigned skip = done > (unsigned)off ? min(done - (unsigned)off, n) : 0u;
-    if (skip < n) bulk_g2s(pre_rows(smem, s) + off + skip, r[i].addr + skip, n - skip, &amk_pre_bar[s]);
-  }
-  amk_pre_pending = 0;
-}
 // Thread 0: issue the pending preload, once (the staged attention calls it after its own loads
 // are issued; the scheduler when the task ends).
 __device__ __forceinline__ void preload_next(char* smem) {
   if (!AMK_PRE || amk_pre_pending == 0) return;
-  if (AMK_PRE_STREAM && amk_pre_done) { preload_rest(smem); return; }
   const RangeDesc* r = amk_pre_ranges[amk_pre_slot];
-  const int s = AMK_PRE_STREAM ? amk_pre_dst : 0;
   unsigned total = 0;
 #pragma unroll 1                          // a range or two: unrolled, 85 never-run instructions a caller
   for (int i = 0; i < amk_pre_pending; i++) total += (unsigned)r[i].bytes;
-  mbar_expect_tx(&amk_pre_bar[s], total);
+  mbar_expect_tx(&amk_pre_bar, total);
 #pragma unroll 1
   for (int i = 0, off = 0; i < amk_pre_pending; off += (int)r[i].bytes, i++)
-    bulk_g2s(pre_rows(smem, s) + off, r[i].addr, (unsigned)r[i].bytes, &amk_pre_bar[s]);
-  amk_pre_n[s]++;
+    bulk_g2s(smem + AMK_PRE_OFF + off, r[i].addr, (unsigned)r[i].bytes, &amk_pre_bar);
+  amk_pre_n++;
   amk_pre_pending = 0;
-}
-// Thread 0, while it polls (AMK_PRE_STREAM): the next AMK_PRE_CHUNK bytes of the next task's rows
-// (its ranges amk_pre_ranges[amk_pre_slot]: thread 0 copies them itself under AMK_PRE_STREAM,
-// slot_stage2, so its own wait makes them visible; issued when the task before ended, they
-// have landed by the time a first poll has failed) into slot amk_pre_dst, at most one chunk
-// every AMK_PRE_PACE_NS: the SM takes in ~28 GB/s, so at most one chunk is ahead of the poll's
-// reply when the wait ends (NOTES v59). Out of line: the scheduler loop keeps its registers.
-__device__ __noinline__ void pre_stream(char* smem, int n) {
-  const unsigned long long now = global_timer();
-  if (now - amk_pre_t < AMK_PRE_PACE_NS) return;
-  const RangeDesc* r = amk_pre_ranges[amk_pre_slot];
-  const int s = amk_pre_dst;
-  unsigned done = amk_pre_done;
-  if (done == 0) {
-    cp_async_wait<0>();
-    unsigned total = 0;
-#pragma unroll 1
-    for (int i = 0; i < n; i++) total += (unsigned)r[i].bytes;
-    fence_proxy_async();                  // the slot's bytes were read or written by earlier tasks
-    mbar_expect_tx(&amk_pre_bar[s], total);
-    amk_pre_n[s]++;
-    amk_pre_total = total;
-  } else if (done >= amk_pre_total) {
-    return;
-  }
-  unsigned off = 0;
-  int i = 0;
-  while (i + 1 < n && done >= off + (unsigned)r[i].bytes) off += (unsigned)r[i++].bytes;
-  const unsigned in = done - off, len = min((unsigned)AMK_PRE_CHUNK, (unsigned)r[i].bytes - in);
-  bulk_g2s(pre_rows(smem, s) + done, r[i].addr + in, len, &amk_pre_bar[s]);
-  amk_pre_done = done + len;
-  amk_pre_t = now;
 }

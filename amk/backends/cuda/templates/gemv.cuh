@@ -324,7 +324,7 @@ __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* 
 // SILU_MUL step that followed the two GEMVs, done on their sums without a scratch round trip.
 // 3 (ARGMAX, NMAT == 1, argmax_fold.py): as 0, and the tile's argmax over the values it
 // stored goes to slot ARG_SLOT of the second output as (value, index bits).
-// ip PRE > 0: the first PRE rows of each matrix were bulk-copied to slot amk_pre_cur while the
+// ip PRE > 0: the first PRE rows of each matrix were bulk-copied to smem + AMK_PRE_OFF while the
 // task before ran (preload.py): items within them read from there once the copy has landed.
 // The template's PRE: that path is compiled (only variants some task of which preloads).
 // NORM (folds.norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
@@ -357,9 +357,8 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     const int gl = SR == 1 ? it / nseg : min(it * SR + SR - 1, groups - 1);
     const int last = NMAT == 2 ? gl : 2 * gl + 1;                     // the item's last row
     if (AMK_PRE && PRE && (last < pr || pr == n_tile)) {
-      const int ps = AMK_PRE_STREAM ? amk_pre_cur : 0;
-      pre_wait(ps);
-      direct_load_pre<NMAT, GU, SR>(wv, pre_rows(smem, ps), pr, n_tile, rbytes, nv, nseg, it);
+      mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
+      direct_load_pre<NMAT, GU, SR>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
     } else {
       direct_load<NMAT, GU, SR>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
     }

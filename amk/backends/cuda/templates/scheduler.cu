@@ -16,11 +16,6 @@
 #define DESC_WORDS ((int)(sizeof(TaskDesc) / 4))
 #define QUEUE_CAP 512        // queue entries a CTA keeps in shared memory (the rest: global)
 
-// The ranges a task's n_pre names (under AMK_PRE_STREAM it also carries PRE_* flags).
-__device__ __forceinline__ int pre_count(const TaskDesc& t) {
-  return AMK_PRE_STREAM ? t.n_pre & PRE_COUNT_MASK : t.n_pre;
-}
-
 // Stage 1 of a slot: the task's own descriptor (warps 2-3: not thread 0 or the init thread). Every thread commits a group, empty or not.
 __device__ __forceinline__ void slot_stage1(const TaskDesc* src, TaskDesc* dst) {
   const int i = threadIdx.x - 64;
@@ -34,17 +29,12 @@ __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* t
                                             const RangeDesc* ranges, RangeDesc* pre) {
   // One copy a thread, no loops: every count here is at most NT (a loop's trip count kept a
   // spilled register that each task end reloaded, NOTES v15), the steps' words at most 2 NT.
-  static_assert(SLOT_PTRS <= NT - 32 && MAX_PTRS <= NT - 32 && SLOT_SUBS * DESC_WORDS <= 2 * NT, "slot_stage2");
+  static_assert(SLOT_PTRS <= NT && MAX_PTRS <= NT && SLOT_SUBS * DESC_WORDS <= 2 * NT, "slot_stage2");
   const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
-  const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x, ip = i - (AMK_EARLY ? 32 : 0);
-  // AMK_EARLY: the pointers by warps 1-15, as an early phase (run_early) reads them while thread 0 polls
-  if (ip >= 0 && ip < np) cp_async8(sp + ip, ptrs + t.ptr_begin + ip);
-  if (AMK_PRE_STREAM) {         // thread 0 copies them all: pre_stream reads them in its poll
-    if (i == 0 && pre_count(t) > 0) cp_async16(pre, ranges + t.pre_begin);
-    if (i == 0 && pre_count(t) > 1) cp_async16(pre + 1, ranges + t.pre_begin + 1);
-  } else if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8)) {
+  const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x;
+  if (i < np) cp_async8(sp + i, ptrs + t.ptr_begin + i);
+  if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8))
     cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pre_begin) + i);
-  }
   if (fits && t.op == OP_FUSED) {
     const int* src = (const int*)(tasks + t.sub_begin), nw = t.n_sub * DESC_WORDS;
     if (i < nw) cp_async4((int*)subs + i, src + i);
@@ -57,16 +47,6 @@ __device__ __noinline__ void run_variant(AMK_PARAMS) {
   switch (d.variant) {
 $cases
     default: break;
-  }
-}
-
-// A task's early phase, run by warps 1-15 while thread 0 polls its counters: the work that no
-// task of this step feeds (the staged attention's pos read and first K/V copies, attn_early;
-// ATTN EARLY). It commits two cp.async groups a thread, which the task waits for itself.
-__device__ __noinline__ void run_early(AMK_PARAMS) {
-  switch (d.variant) {
-$early_cases
-    default: cp_async_commit(); cp_async_commit(); break;
   }
 }
 
@@ -91,9 +71,7 @@ __device__ __noinline__ void run_unstaged(const TaskDesc* sub, const unsigned lo
 // Thread 0 only. Returns false when the kernel is aborting. The first AMK_INLINE_WAITS waits
 // come from the descriptor in shared memory (a global load before the first poll would add a
 // round trip to every task start whose counters are already there), the rest from the table.
-// Under AMK_PRE_STREAM a task whose n_pre has PRE_STREAM streams the next task's rows
-// (pre_stream) between its polls.
-__device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch, char* smem) {
+__device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch) {
   const WaitDesc* w = (const WaitDesc*)A.waits + t->wait_begin;
   unsigned* counters = (unsigned*)A.counters;
   KernelState* st = (KernelState*)A.state;
@@ -107,7 +85,6 @@ __device__ bool wait_task(const TaskDesc* t, const KernelArgs& A, unsigned epoch
     unsigned last = v, ns = 16;
     unsigned long long t_last = global_timer();
     for (;;) {
-      if (AMK_PRE_STREAM && (t->n_pre & PRE_STREAM)) pre_stream(smem, t->n_pre & PRE_COUNT_MASK);
       __nanosleep(ns);
       if (ns < AMK_SPIN_NS) ns <<= 1;
       v = ld_acquire(c);
@@ -146,9 +123,7 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
   const int qb = qo[blockIdx.x], qe = qo[blockIdx.x + 1];
   if (threadIdx.x == AMK_INIT_THREAD) {
     amk_bw.dead = 0; amk_bw.watchdog_ns = A.watchdog_ns; amk_bw.st = st;
-    for (int k = 0; k < PRE_SLOTS; k++) { mbar_init(&amk_pre_bar[k], 1); amk_pre_n[k] = 0; }
-    amk_pre_pending = 0;
-    if (AMK_PRE_STREAM) { amk_pre_dst = 0; amk_pre_cur = 0; amk_pre_done = 0; }
+    mbar_init(&amk_pre_bar, 1); amk_pre_n = 0; amk_pre_pending = 0;
     mbar_init(&amk_comb_bar, 1); amk_comb_uses = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
   }
@@ -178,29 +153,15 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
     if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during the poll
     else cp_async_commit();
-    if (AMK_EARLY && threadIdx.x >= 32 && T.op == OP_ATTENTION_TILE && T.ip[P_ATTN_EARLY]) {
-      cp_async_wait<1>();          // this task's stage 2 (its pointers: warps 1-15 copied them)
-      asm volatile("bar.sync 1, %0;" :: "r"(NT - 32) : "memory");
-      run_early(T, s_ptrs[slot], smem, st);
-    }
     if (threadIdx.x == 0) {
-      if (AMK_PRE_STREAM) {         // this task's rows are where its host put them; the next task's
-        amk_pre_cur = amk_pre_dst; amk_pre_dst = (T.n_pre & PRE_SLOT_B) ? 1 : 0;
-        amk_pre_slot = slot; amk_pre_done = 0; amk_pre_t = 0;
-      }
-      s_ok = wait_task(&T, A, epoch, smem) ? 1 : 0;
-      // the next task's rows (once some are streamed, the rest even when aborting: their
-      // barrier phase must complete before the CTA exits)
-      if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok || (AMK_PRE_STREAM && amk_pre_done) ? pre_count(T) : 0; }
+      s_ok = wait_task(&T, A, epoch) ? 1 : 0;
+      if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
 #ifdef AMK_PROFILE
       prof[AMK_PROF_W * i + 1] = global_timer();
       amk_mark_row = prof + AMK_PROF_W * i + AMK_PROF_MARK0;     // step 0's (a FUSED task's too)
 #endif
     }
-    // stage 2, and the next task's stage 1: no group left for the task but its early copies
-    // (read again from the slot, not kept across the poll: a live flag spilled the loop)
-    if (AMK_EARLY && threadIdx.x >= 32 && T.op == OP_ATTENTION_TILE && T.ip[P_ATTN_EARLY]) cp_async_wait<2>();
-    else cp_async_wait<0>();
+    cp_async_wait<0>();   // stage 2, and the next task's stage 1: no group left for the task
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
 #ifdef AMK_PROFILE
@@ -248,11 +209,7 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
 #endif
   }
   cp_async_wait<0>();              // nothing may land in shared memory after the CTA exits
-  if (AMK_PRE && threadIdx.x == 0) {
-    if (AMK_PRE_STREAM && amk_pre_pending && amk_pre_done) preload_rest(smem);   // an aborted task's
-    for (int k = 0; k < PRE_SLOTS; k++)
-      if (amk_pre_n[k] > 0) pre_wait(k);
-  }
+  if (AMK_PRE && threadIdx.x == 0 && amk_pre_n > 0) mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
   if (threadIdx.x == 0 && !aborted) {
     __threadfence();
     const unsigned old = atomicAdd(&st->done, 1u);
