@@ -64,3 +64,43 @@ def test_a_step_that_fails_is_no_result_with_its_reason(ab, monkeypatch, capsys)
     monkeypatch.setattr(ab.subprocess, "run", fake_run)
     assert ab.decode_ms(ab.parse_variant("-"), 1024, 5, 60) is None
     assert "-: CompileError: too many operands" in capsys.readouterr().out
+
+
+def test_a_matrix_runs_its_rows_in_order_and_skips_what_the_budget_cannot_hold(ab, capsys):
+    """run_matrix: each row an A/B of its own (the variants alternated), in the matrix's order;
+    once the time used plus the longest run so far times a row's runs would pass the budget,
+    the rest of the rows are skipped and named, not started."""
+    a, b = ab.parse_variant("-"), ab.parse_variant("AMK_PRELOAD=0")
+    now = [0.0]
+    seen = []
+
+    def measure(v, row):                     # every run takes 10 s of the fake clock
+        seen.append((row.name(), v.name))
+        now[0] += 10.0
+        return 1.0 if v.name == "-" else 1.1
+    rows = ab.MATRICES["batch1"][:4]
+    done, skipped = ab.run_matrix([a, b], rows, 1, measure, budget_s=45.0, clock=lambda: now[0])
+    # rows 1 and 2 take 20 s each; a third would end at 60 s > 45 s
+    assert [d["row"] for d in done] == [rows[0].name(), rows[1].name()]
+    assert skipped == [rows[2].name(), rows[3].name()]
+    assert seen == [(rows[0].name(), "-"), (rows[0].name(), "AMK_PRELOAD=0"),
+                    (rows[1].name(), "-"), (rows[1].name(), "AMK_PRELOAD=0")]
+    text = ab.matrix_table(done)
+    assert f"{rows[0].name()} | 1.000 | 1.100" in text and "row | - | AMK_PRELOAD=0" in text
+    done, skipped = ab.run_matrix([a, b], rows, 1, measure, budget_s=0, clock=lambda: now[0])
+    assert len(done) == 4 and skipped == []                   # no budget: every row
+
+
+def test_every_matrix_row_names_a_preset_and_a_format_decode_takes(ab):
+    from amk.models.presets import PRESETS
+    for rows in ab.MATRICES.values():
+        assert len(set(rows)) == len(rows)
+        for row in rows:
+            assert row.model in PRESETS and row.quant in (None, "int4", "int8", "fp8")
+            assert row.context >= 1 and row.batch >= 1
+
+
+def test_a_matrix_refuses_the_options_its_rows_set(ab):
+    for extra in (["--model", "qwen3-0.6b"], ["--context", "128"], ["--batch", "4"], ["--quant", "int4"]):
+        with pytest.raises(SystemExit, match="--matrix sets each row"):
+            ab.main(["--matrix", "batch1", *extra, "-"])
