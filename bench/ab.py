@@ -15,7 +15,7 @@ Prints one line per run, then a table (ms per round, best) and writes it as JSON
 
 --matrix NAME runs the same A/B over a list of rows instead of one (MATRICES: the rows a change
 is judged on, the most telling first), then prints a table of every row's best per variant.
---budget-s skips the rows that would end past it (the longest row so far, per run, times the
+--budget-s skips the rows that would end past it (the slowest row's mean run so far times the
 runs a row takes), so that one device call returns every row it had time for:
 
     LIMIT=540; python3 bench/ab.py --matrix batch1 --budget-s $LIMIT --json ab.json _dev/main:- -
@@ -83,6 +83,12 @@ def decode_ms(v: Variant, context: int, iters: int, timeout: int, model: str = "
         return float(row["amk_cuda_ms"])
 
 
+def shape_args(batch: int, quant: str | None, shape_set: list[str] = ()) -> tuple[str, ...]:
+    """bench/decode.py's arguments for the batch, weight format and --set of a benchmark."""
+    return ("--batch", str(batch), *(("--quant", quant) if quant else ()),
+            *(("--set", *shape_set) if shape_set else ()))
+
+
 def run(variants: list[Variant], rounds: int, measure) -> list[dict]:
     """measure(variant) -> ms or None, `rounds` times over the variants in order: a row each."""
     ms: dict[str, list[float | None]] = {v.name: [] for v in variants}
@@ -125,14 +131,14 @@ MATRICES = {
 def run_matrix(variants: list[Variant], rows: tuple[Row, ...], rounds: int, measure, budget_s: float,
                clock=time.monotonic) -> tuple[list[dict], list[str]]:
     """run() for each row in order (measure(variant, row) -> ms or None), skipping a row once
-    the time used plus the longest run so far times the row's runs would pass budget_s
+    the time used plus its runs at the slowest row's mean run so far would pass budget_s
     (0: no limit). -> (a result per row run, the names of the rows skipped)."""
     t0, longest, done, skipped = clock(), 0.0, [], []
     for row in rows:
         runs = rounds * len(variants)
         if budget_s and clock() - t0 + longest * runs > budget_s:
             skipped.append(row.name())
-            print(f"skipped {row.name()}: {budget_s - (clock() - t0):.0f} s left, a run takes up to {longest:.0f} s")
+            print(f"skipped {row.name()}: {budget_s - (clock() - t0):.0f} s left, a run takes ~{longest:.0f} s")
             continue
         print(f"-- {row.name()}", flush=True)
         r0 = clock()
@@ -187,8 +193,7 @@ def main(argv=None) -> int:
     a.context = 1024 if a.context is None else a.context
     a.model = a.model or "llama-3.2-1b"
     shape_set = [x for x in a.set.split(",") if x]
-    extra = ("--batch", str(a.batch), *(("--quant", a.quant) if a.quant else ()),
-             *(("--set", *shape_set) if shape_set else ()))
+    extra = shape_args(a.batch, a.quant, shape_set)
     rows = run(variants, a.rounds,
                lambda v: decode_ms(v, a.context, a.iters, a.timeout, a.model, a.max_seq, extra))
     shape = " ".join([a.model, *shape_set, f"batch {a.batch}", a.quant or "bf16"])
@@ -206,8 +211,8 @@ def _main_matrix(a, variants: list[Variant]) -> int:
                          "drop --model / --context / --set / --batch / --quant")
 
     def measure(v: Variant, row: Row) -> float | None:
-        extra = ("--batch", str(row.batch), *(("--quant", row.quant) if row.quant else ()))
-        return decode_ms(v, row.context, a.iters, a.timeout, row.model, a.max_seq, extra)
+        return decode_ms(v, row.context, a.iters, a.timeout, row.model, a.max_seq,
+                         shape_args(row.batch, row.quant))
 
     done, skipped = run_matrix(variants, MATRICES[a.matrix], a.rounds, measure, a.budget_s)
     print(f"matrix {a.matrix}, max_seq {a.max_seq}, best of {a.rounds} round(s), ms")

@@ -93,11 +93,17 @@ def test_a_matrix_runs_its_rows_in_order_and_skips_what_the_budget_cannot_hold(a
 
 def test_every_matrix_row_names_a_preset_and_a_format_decode_takes(ab):
     from amk.models.presets import PRESETS
+    from amk.quant import FORMATS                 # bench/decode.py's --quant choices
     for rows in ab.MATRICES.values():
         assert len(set(rows)) == len(rows)
         for row in rows:
-            assert row.model in PRESETS and row.quant in (None, "int4", "int8", "fp8")
+            assert row.model in PRESETS and (row.quant is None or row.quant in FORMATS)
             assert row.context >= 1 and row.batch >= 1
+
+
+def test_shape_args_are_decode_py_arguments(ab):
+    assert ab.shape_args(1, None) == ("--batch", "1")
+    assert ab.shape_args(16, "int4", ["hidden=3072"]) == ("--batch", "16", "--quant", "int4", "--set", "hidden=3072")
 
 
 def test_a_matrix_refuses_the_options_its_rows_set(ab):
