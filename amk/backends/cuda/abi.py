@@ -108,8 +108,9 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
              "ROPE_INV", "NEW_KV", "K_ROPE",
              "KV_SHARD", "KV_SHARDS", "WINDOW",    # WINDOW > 0: rows (pos - WINDOW, pos] only
              "SHARD_ROWS",
-             "QKN_ARGS"),   # q's norm weight at input QKN_ARGS & 255, the new k row's at >> 8
+             "QKN_ARGS",    # q's norm weight at input QKN_ARGS & 255, the new k row's at >> 8
                             # (0: none; folds.norm_into_attention), eps QKN_EPS
+             "EARLY"),      # pos read and the K/V copies issued during the poll (attn_early)
     # op_ewx (templates/ops_models.cuh): unary ops and COPY's column move; x read at
     # r * A_RS + c + A_SHIFT for output (r, c), c in [C0, C1)
     "EWX": ("ROWS", "COLS", "C0", "C1", "A_RS", "A_SHIFT", "XKIND"),

@@ -61,6 +61,9 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
     if spec.too_many:
         raise CompileError(f"CUDA backend: tasks {list(spec.too_many[:8])} have more than {MAX_PTRS} operands")
     cases = "\n".join(f"    case {i}: {call_text(v)}; break;" for i, v in enumerate(spec.variants))
+    # the staged attention's early phase (attn_early), for the variants that have one
+    early = "\n".join(f"    case {i}: {call_text(Variant('attn_early', v.args))}; break;"
+                      for i, v in enumerate(spec.variants) if v.fn == "op_attention_smem")
     t = _templates()
     parts = [f"// AMK megakernel: {len(spec.variants)} instruction variants\n",
              f"#define AMK_NTHREADS {NTHREADS}\n"
@@ -70,7 +73,7 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
              f"#define AMK_RMS_RN {RMS_RN}\n"
              # code for what the program does not use is not compiled (dead code in the hot
              # functions costs time: NOTES v16a)
-             f"#define AMK_ZERO {int(spec.zero)}\n",
+             f"#define AMK_ZERO {int(spec.zero)}\n#define AMK_EARLY {int(spec.early)}\n",
              abi.render_header()]
     if options.profile:
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n"
@@ -79,7 +82,8 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
     for name in TEMPLATE_FILES[:-1]:
         parts.append(f"// ---- {name} ----\n" + t[name])
     parts.append("// ---- scheduler.cu ----\n"
-                 + Template(t["scheduler.cu"]).substitute(cases=cases, max_ptrs=MAX_PTRS))
+                 + Template(t["scheduler.cu"]).substitute(cases=cases, early_cases=early,
+                                                          max_ptrs=MAX_PTRS))
     return "\n".join(parts)
 
 

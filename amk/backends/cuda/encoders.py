@@ -366,8 +366,21 @@ def _enc_attention(t, op, ins, outs, p) -> Encoded:
                 WINDOW=int(p.get("window", 0)), SHARD_ROWS=int(p.get("kv_shard_rows", 0)))
     if (e.ip["WINDOW"] or e.ip["SHARD_ROWS"]) and not has_pos:
         fail(t, "a sliding window or a live shard count needs the runtime pos input")
+    e.ip["EARLY"] = int(fn == "op_attention_smem" and staged and new_kv
+                          and _early(ins, b1 - b0, hc, rep, hg))
     e.fp = dict(SCALE=float(p.get("scale", 1.0 / hd ** 0.5)), SOFTCAP=float(p.get("softcap", 0.0)))
     return e
+
+
+def _early(ins: list[View], seqs: int, hc: int, rep: int, hg: int) -> bool:
+    """Whether the staged attention's pos read and first K/V copies may run during its poll
+    (attn_early): nothing this step writes may feed them. pos must be a runtime input (written
+    before the launch) and the caches' rows other than pos are last step's; row pos, which this
+    step's (deferred) append writes, is replaced by NEW_KV's new rows. One sequence and one pass
+    (one kv group, all its heads at once), so the early copies are the pass's first chunk."""
+    return (ins[3].kind == BufferKind.IO_INPUT
+            and ins[1].kind == ins[2].kind == BufferKind.KV_CACHE
+            and seqs == 1 and hc == rep and hg == rep)
 
 
 def _enc_combine(t, op, ins, outs, p) -> Encoded:

@@ -22,6 +22,7 @@ class KernelSpec:
     encoded: tuple[Variant, ...]     # the same before the PRE marks: as the encoders made them
     pre: bool                        # a task copies the next task's rows (AMK_PRE, preload.py)
     zero: bool                       # a FUSED task zeroes scratch first (AMK_ZERO)
+    early: bool                      # a task has an early phase during its poll (AMK_EARLY)
     too_many: tuple[int, ...]        # ids of tasks with a descriptor of > MAX_PTRS operands
 
 
@@ -36,11 +37,12 @@ def kernel_spec(folded: Folded) -> KernelSpec:
     index: dict[Variant, int] = {}
     with_pre: set[Variant] = set()
     too_many: list[int] = []
-    zero = False
+    zero = early = False
     seen: set[int] = set()       # the tasks of a kind share their Encoded objects (alive here)
     for ft in folded.tasks:
         own = runs_steps(ft)
         zero = zero or (own and bool(ft.zero))
+        early = early or (not own and ft.steps[0][0].ip.get("EARLY", 0) == 1)
         if own and len(ft.ins) + len(ft.outs) > MAX_PTRS:
             too_many.append(ft.task.id)
         for enc, ins, outs in (ft.steps if own else ft.steps[:1]):
@@ -58,4 +60,4 @@ def kernel_spec(folded: Folded) -> KernelSpec:
                                       # (never-run code costs: NOTES v16)
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
-    return KernelSpec(variants, tuple(index), pre, zero, tuple(dict.fromkeys(too_many)))
+    return KernelSpec(variants, tuple(index), pre, zero, early, tuple(dict.fromkeys(too_many)))

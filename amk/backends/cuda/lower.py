@@ -55,10 +55,19 @@ def fold_program(program: Program, n_ctas: int = 132,
             ft = preload(ft, options.preload_bytes, pre_memo)
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
+            _no_early(ft)
         tasks.append(ft)
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
     return Folded(tasks, queues, scratch)
+
+
+def _no_early(ft: FoldedTask) -> None:
+    """A FUSED task's steps have no early phase: the scheduler runs one (attn_early, during the
+    poll) only for a plain task."""
+    for enc, _, _ in ft.steps:
+        if enc.ip.get("EARLY"):
+            enc.ip["EARLY"] = 0
 
 
 def _lower_and_fold(t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:

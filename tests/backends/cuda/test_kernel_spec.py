@@ -4,6 +4,7 @@ preloaded-rows path only where a descriptor reads preloaded rows, the program-wi
 tables have them; and a descriptor with too many operands is refused before NVRTC."""
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from amk.backends.cuda import CudaOptions, abi, kernel_spec as ks
@@ -12,6 +13,7 @@ from amk.backends.cuda.lower import fold_program, lower_program
 from amk.errors import CompileError
 from amk.models.model import Model
 from amk.models.presets import PRESETS, TINY_LLAMA, random_params
+from amk.program.ir import InstructionKind as K
 from amk.testing import cuda_examples as examples
 
 
@@ -49,6 +51,14 @@ def test_the_spec_agrees_with_the_packed_tables(program):
         if v.fn == "op_gemv_direct":
             assert bool(v.arg("pre")) == bool(pre_rows[t["variant"] == i].any()), v
     assert spec.pre == bool(t["n_pre"].any()) and spec.zero == bool(t["n_zero"].any())
+    # an early phase only for a plain task: a FUSED task's steps never get one (lower._no_early)
+    early = t["ip"][:, abi.ip_index("ATTN", "EARLY")] == 1
+    attn = t["op"] == int(K.ATTENTION_TILE)
+    steps = np.zeros(len(t), bool)
+    for d in t[t["n_sub"] > 0]:
+        steps[int(d["sub_begin"]):int(d["sub_begin"]) + int(d["n_sub"])] = True
+    assert not (early & attn & steps).any()
+    assert spec.early == bool((early & attn & ~steps).any())
     assert spec.too_many == () and (t["n_in"] + t["n_out"] <= abi.MAX_PTRS).all()
     assert ks.kernel_spec(fold_program(program, 132, opts)) == spec     # from the fold alone
     assert render_lowered(low, opts) == render_spec(spec, opts)
@@ -71,3 +81,18 @@ def test_a_descriptor_with_too_many_operands_is_refused_before_nvrtc(monkeypatch
     assert spec.too_many
     with pytest.raises(CompileError, match=r"tasks \[.*\] have more than \d+ operands"):
         render_spec(spec)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_decoders_split_kv_attention_reads_pos_and_issues_its_rows_during_the_poll(batch):
+    """Its pos is a runtime input and NEW_KV gives it row pos, so its early phase runs
+    (AMK_EARLY); a batch's tasks of one sequence each have one too."""
+    import amk
+    cfg = replace(PRESETS["llama-3.2-1b"], n_layers=1, max_seq=8192)
+    model = Model(cfg, random_params(cfg, device="meta"))
+    program = amk.jit(model.fn, backend="cuda", donate=("kv",)).lower(*model.example_args(batch)).program
+    low = lower_program(program, 132, CudaOptions())
+    t = low.tasks
+    attn = t[t["op"] == int(K.ATTENTION_TILE)]
+    assert len(attn) and (attn["ip"][:, abi.ip_index("ATTN", "EARLY")] == 1).all()
+    assert low.spec.early and "#define AMK_EARLY 1" in render_lowered(low, CudaOptions())

@@ -232,12 +232,13 @@ __device__ __noinline__ void op_attention(AMK_PARAMS) {
 // (the FUSED ROPE step before, folded in by folds.rope_into_attention: op_rope's formula and
 // rounding). NEW_KV: the staged row pos (stale) is overwritten with the new row, read into
 // registers with q, once its group has landed. Needs hd * sizeof(TK|TV) % 16 == 0 (encoders.py checks).
+// t0, nt: the issuing threads (attn_early: warps 1-15).
 template <class T>
 __device__ __forceinline__ void attn_stage_rows(char* dst, int rs, const T* base, long long stride,
-                                                int cn, int hd) {
+                                                int cn, int hd, int t0 = threadIdx.x, int nt = NT) {
   const int nvr = hd * (int)sizeof(T) / 16;
 #pragma unroll 1                                   // unrolled, its remainder paths were 2 x 111 never-run instructions
-  for (int i = threadIdx.x; i < cn * nvr; i += NT) {
+  for (int i = t0; i < cn * nvr; i += nt) {
     const int r = i / nvr, v = i - r * nvr;
     cp_async16(dst + r * rs + v * 16, (const char*)(base + (long long)r * stride) + v * 16);
   }
@@ -338,6 +339,27 @@ __device__ __forceinline__ void attn_v2(const char* p, float& a, float& b, float
   const float2 f = *(const float2*)p; a = f.x; b = f.y;
 }
 
+// The staged attention's early phase (ATTN EARLY, encoders._early: one sequence, one pass), run
+// by warps 1-15 while thread 0 polls the task's counters (scheduler.cu run_early): nothing this
+// step writes feeds pos or the cache rows it copies, so the pos load and the first chunk's K and
+// V copies (two cp.async groups a thread, waited for by the task) overlap the wait instead of
+// following it. The window goes to amk_attn_early for the task.
+struct AttnEarly { long long lo, hi, pos; int live; };
+__shared__ AttnEarly amk_attn_early;
+template <class TQ, class TK, class TV, class TO, class TN, class TF, int HG, int HDC, bool CAP, bool QKN = false>
+__device__ __noinline__ void attn_early(AMK_PARAMS) {
+  const int b = d.ip[P_ATTN_B_OFF], g = d.ip[P_ATTN_H_OFF] / (d.ip[P_ATTN_NH] / d.ip[P_ATTN_NKV]);
+  long long lo, hi, pos;
+  const bool live = attn_window(d, P, b, lo, hi, pos);
+  if (threadIdx.x == 32) amk_attn_early = AttnEarly{lo, hi, pos, live ? 1 : 0};
+  if (!live) { cp_async_commit(); cp_async_commit(); return; }
+  const AttnLayout L = attn_layout(HDC, (int)sizeof(TK), (int)sizeof(TV), HG);
+  const long long nkv = d.ip[P_ATTN_NKV], rstride = nkv * HDC, row0 = ((long long)b * d.ip[P_ATTN_MAX_SEQ] + lo) * nkv + g;
+  const int n = (int)(hi - lo), cn0 = n < L.cr ? n : L.cr;
+  attn_stage_rows(smem + L.ks, L.krs, (const TK*)P[1] + row0 * HDC, rstride, cn0, HDC, threadIdx.x - 32, NT - 32);
+  attn_stage_rows(smem + L.vs, L.vrs, (const TV*)P[2] + row0 * HDC, rstride, cn0, HDC, threadIdx.x - 32, NT - 32);
+}
+
 // HG: the q heads of one pass, a template constant (encoders.py: the largest divisor of the heads a
 // kv group has, up to 8), so the per-head sums are registers with no predicates (a pass of
 // nhs < HG heads leaves the rest of pt, alpha and acc stale: never written out). Phases:
@@ -359,8 +381,15 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
   const float scale = d.fp[F_ATTN_SCALE];
   const int rep = nh / nkv;
   AMK_MARK(0);
+  const bool early = d.ip[P_ATTN_EARLY] != 0;   // attn_early read the window, issued the first chunk
   long long lo, hi, pos;                // sequence b0's window first: its pos load overlaps the setup
-  bool live = attn_window(d, P, b0, lo, hi, pos);
+  bool live;
+  if (early) {
+    const AttnEarly e = amk_attn_early;
+    lo = e.lo; hi = e.hi; pos = e.pos; live = e.live != 0;
+  } else {
+    live = attn_window(d, P, b0, lo, hi, pos);
+  }
   if (!live && b1 - b0 == 1) return;                         // not a live shard this step
   const TQ* q = (const TQ*)P[0]; const TK* kc = (const TK*)P[1]; const TV* vc = (const TV*)P[2];
   TO* out = (TO*)P[d.n_in];
@@ -392,8 +421,10 @@ __device__ __noinline__ void op_attention_smem(AMK_PARAMS) {
         __syncthreads();                                     // the previous users of smem
         AMK_MARK(1);
         const int cn0 = n < CR ? n : CR;
-        attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before q
-        attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
+        if (!early) {
+          attn_stage_rows(ks, krs, kbase + lo * rstride, rstride, cn0, hd);   // before q
+          attn_stage_rows(vs, vrs, vbase + lo * rstride, rstride, cn0, hd);
+        }
         AMK_MARK(2);
         // NEW_KV: the window holds pos (hi = pos + 1): the new rows, to smem (registers spill)
         const int new_r = d.ip[P_ATTN_NEW_KV] && n > 0 && hi == pos + 1 ? n - 1 : -1;   // its row - lo

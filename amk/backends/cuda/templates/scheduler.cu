@@ -29,10 +29,11 @@ __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* t
                                             const RangeDesc* ranges, RangeDesc* pre) {
   // One copy a thread, no loops: every count here is at most NT (a loop's trip count kept a
   // spilled register that each task end reloaded, NOTES v15), the steps' words at most 2 NT.
-  static_assert(SLOT_PTRS <= NT && MAX_PTRS <= NT && SLOT_SUBS * DESC_WORDS <= 2 * NT, "slot_stage2");
+  static_assert(SLOT_PTRS <= NT - 32 && MAX_PTRS <= NT - 32 && SLOT_SUBS * DESC_WORDS <= 2 * NT, "slot_stage2");
   const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
-  const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x;
-  if (i < np) cp_async8(sp + i, ptrs + t.ptr_begin + i);
+  const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x, ip = i - (AMK_EARLY ? 32 : 0);
+  // AMK_EARLY: the pointers by warps 1-15, as an early phase (run_early) reads them while thread 0 polls
+  if (ip >= 0 && ip < np) cp_async8(sp + ip, ptrs + t.ptr_begin + ip);
   if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8))
     cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pre_begin) + i);
   if (fits && t.op == OP_FUSED) {
@@ -47,6 +48,16 @@ __device__ __noinline__ void run_variant(AMK_PARAMS) {
   switch (d.variant) {
 $cases
     default: break;
+  }
+}
+
+// A task's early phase, run by warps 1-15 while thread 0 polls its counters: the work that no
+// task of this step feeds (the staged attention's pos read and first K/V copies, attn_early;
+// ATTN EARLY). It commits two cp.async groups a thread, which the task waits for itself.
+__device__ __noinline__ void run_early(AMK_PARAMS) {
+  switch (d.variant) {
+$early_cases
+    default: cp_async_commit(); cp_async_commit(); break;
   }
 }
 
@@ -153,6 +164,11 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
     const bool fits = T.n_ptr_all <= SLOT_PTRS && T.n_sub <= SLOT_SUBS;
     if (next >= 0) slot_stage1(tasks + next, &s_task[slot ^ 1]);   // lands during the poll
     else cp_async_commit();
+    if (AMK_EARLY && threadIdx.x >= 32 && T.op == OP_ATTENTION_TILE && T.ip[P_ATTN_EARLY]) {
+      cp_async_wait<1>();          // this task's stage 2 (its pointers: warps 1-15 copied them)
+      asm volatile("bar.sync 1, %0;" :: "r"(NT - 32) : "memory");
+      run_early(T, s_ptrs[slot], smem, st);
+    }
     if (threadIdx.x == 0) {
       s_ok = wait_task(&T, A, epoch) ? 1 : 0;
       if (AMK_PRE) { amk_pre_slot = slot; amk_pre_pending = s_ok ? T.n_pre : 0; }   // the next task's
@@ -161,7 +177,10 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
       amk_mark_row = prof + AMK_PROF_W * i + AMK_PROF_MARK0;     // step 0's (a FUSED task's too)
 #endif
     }
-    cp_async_wait<0>();   // stage 2, and the next task's stage 1: no group left for the task
+    // stage 2, and the next task's stage 1: no group left for the task but its early copies
+    // (read again from the slot, not kept across the poll: a live flag spilled the loop)
+    if (AMK_EARLY && threadIdx.x >= 32 && T.op == OP_ATTENTION_TILE && T.ip[P_ATTN_EARLY]) cp_async_wait<2>();
+    else cp_async_wait<0>();
     __syncthreads();
     if (!s_ok) { aborted = true; break; }
 #ifdef AMK_PROFILE
