@@ -33,7 +33,7 @@ __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* t
   const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
   const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x, ip = i - (AMK_EARLY ? 32 : 0);
   // AMK_EARLY: the pointers by warps 1-15, as an early phase (run_early) reads them while thread 0 polls
-  if (ip >= 0 && ip < np) cp_async8(sp + ip, ptrs + t.ptr_begin + ip);
+  if ((!AMK_EARLY || ip >= 0) && ip < np) cp_async8(sp + ip, ptrs + t.ptr_begin + ip);   // (main's code without it)
   if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8))
     cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pre_begin) + i);
   if (fits && t.op == OP_FUSED) {
