@@ -33,7 +33,8 @@ __device__ __forceinline__ void slot_stage2(const TaskDesc& t, const TaskDesc* t
   const bool fits = t.n_ptr_all <= SLOT_PTRS && t.n_sub <= SLOT_SUBS;
   const int np = fits ? t.n_ptr_all : t.n_in + t.n_out, i = threadIdx.x, ip = i - (AMK_EARLY ? 32 : 0);
   // AMK_EARLY: the pointers by warps 1-15, as an early phase (run_early) reads them while thread 0 polls
-  if ((!AMK_EARLY || ip >= 0) && ip < np) cp_async8(sp + ip, ptrs + t.ptr_begin + ip);   // (main's code without it)
+  // (ip >= 0 tested only under AMK_EARLY: elsewhere the compare changed the kernel, NOTES v61)
+  if ((!AMK_EARLY || ip >= 0) && ip < np) cp_async8(sp + ip, ptrs + t.ptr_begin + ip);
   if (AMK_PRE && i < t.n_pre * (int)(sizeof(RangeDesc) / 8))
     cp_async8((unsigned long long*)pre + i, (const unsigned long long*)(ranges + t.pre_begin) + i);
   if (fits && t.op == OP_FUSED) {
@@ -178,7 +179,8 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
 #endif
     }
     // stage 2, and the next task's stage 1: no group left for the task but its early copies
-    // (read again from the slot, not kept across the poll: a live flag spilled the loop)
+    // (the test above repeated, not kept across the poll: a live flag spilled the loop; a
+    // helper function for it changed the cubin, NOTES v61)
     if (AMK_EARLY && threadIdx.x >= 32 && T.op == OP_ATTENTION_TILE && T.ip[P_ATTN_EARLY]) cp_async_wait<2>();
     else cp_async_wait<0>();
     __syncthreads();
