@@ -139,12 +139,12 @@ def test_a_combine_of_more_partials_than_it_keeps_in_registers_matches_reference
 
 
 @pytest.mark.parametrize("fmt,batch,k_split", [(None, 16, None), ("int4", 16, 4), (None, 5, 2),
-                                               ("int8", 8, 4), ("fp8", 16, 2)])
+                                               ("int8", 8, 4), ("fp8", 16, 2), (None, 1, 4), (None, 1, 2)])
 def test_a_step_with_down_split_over_k_matches_reference_vm(fmt, batch, k_split):
     """Down projections tiled rows x K slices (passes/tile.split_k): fp32 partial sums from
-    op_gemv_mma over [KLO, KHI), one op_sum a row tile adding them and the residual. None: the
-    target's own rule (the 1B shape at batch 16 splits in 4); else forced (quantized weights
-    only then: the rule leaves them whole, NOTES v49)."""
+    op_gemv_mma over [KLO, KHI) (op_gemv_direct at batch 1), one op_sum a row tile adding them
+    and the residual. None: the target's own rule (the 1B shape at batch 16 splits in 4); else
+    forced (quantized weights and batch 1 only then: the rule leaves them whole, NOTES v49, v62)."""
     from amk import jit
     from amk.passes.options import PassOptions
     cfg = replace(LLAMA_3_2_1B, n_layers=2, vocab=8192)

@@ -32,6 +32,8 @@ def preload(ft: FoldedTask, cap: int, memo: IdentityMemo | None = None) -> Folde
     if i >= len(steps) or not steps[i][0].is_fn("op_gemv_direct"):
         return ft
     enc, args, outs = steps[i]
+    if "KLO" in enc.ip:                 # a K slice's rows are strided: no one bulk copy
+        return ft
     ws = args[1:1 + enc.variant.arg("nmat")]
     if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
         return ft

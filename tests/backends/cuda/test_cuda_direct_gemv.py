@@ -190,3 +190,34 @@ def test_no_preload_when_turned_off():
     prog, low = _one_layer_1b(off)
     assert not low.tasks["n_pre"].any()
     assert "#define AMK_PRE 0" in render(prog, off)
+
+
+def test_a_forced_batch_1_k_split_runs_its_slices_on_the_direct_gemv():
+    """AMK_K_SPLIT at batch 1 (passes/tile.split_k; only down splits): each K slice is an
+    op_gemv_direct with KS over ip [KLO, KHI), fp32 partials out, no preload (a slice's rows are
+    strided); a SUM a row tile adds them with the residual; it compiles without spills."""
+    from dataclasses import replace
+    from amk.models.presets import LLAMA_3_2_1B, random_model
+    from amk.passes.options import PassOptions
+    m = random_model(replace(LLAMA_3_2_1B, max_seq=1088, n_layers=1), device="meta")
+    import amk
+    f = amk.jit(m.fn, backend="cuda", options=PassOptions.for_backend("cuda").with_(k_split=4))
+    prog = f.lower(*m.example_args(1)).program
+    low = lower_program(prog)
+    down = [t for t in prog.tasks if "w_down" in t.name]
+    assert len(down) == 128
+    klo, khi = abi.ip_index("GEMV", "KLO"), abi.ip_index("GEMV", "KHI")
+    for t in down:
+        d = low.tasks[t.id]
+        v = low.variants[int(d["variant"])]
+        assert (v.fn, v.arg("ks"), v.arg("pre"), v.arg("ty")) == ("op_gemv_direct", True, False, "float")
+        lo = t.params["k_off"]
+        assert (int(d["ip"][klo]), int(d["ip"][khi])) == (lo, lo + 2048)
+        assert int(d["ip"][abi.ip_index("GEMV", "PRE")]) == 0
+    sums = [t for t in prog.tasks if t.name.endswith("+sum")]
+    assert len(sums) == 32 and all(low.variants[int(low.tasks[t.id]["variant"])].fn == "op_sum" for t in sums)
+    res = compile_source(render(prog), "sm_90a")
+    blocks = re.findall(r"Function properties for (\S*(?:op_gemv_direct|megakernel)\S*)\n(.*)\n", res.log)
+    assert len(blocks) > 4
+    for name, line in blocks:
+        assert "0 bytes spill stores" in line, (name, line)
