@@ -23,6 +23,7 @@ class KernelSpec:
     pre: bool                        # a task copies the next task's rows (AMK_PRE, preload.py)
     zero: bool                       # a FUSED task zeroes scratch first (AMK_ZERO)
     early: bool                      # a task has an early phase during its poll (AMK_EARLY)
+    then: bool                       # a task's last producer runs it (AMK_THEN, sum_by_last.py)
     too_many: tuple[int, ...]        # ids of tasks with a descriptor of > MAX_PTRS operands
 
 
@@ -60,4 +61,5 @@ def kernel_spec(folded: Folded) -> KernelSpec:
                                       # (never-run code costs: NOTES v16)
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
-    return KernelSpec(variants, tuple(index), pre, zero, early, tuple(dict.fromkeys(too_many)))
+    return KernelSpec(variants, tuple(index), pre, zero, early, bool(folded.then),
+                      tuple(dict.fromkeys(too_many)))
