@@ -331,8 +331,8 @@ __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* 
 // NORM (folds.norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
-// KS (passes/tile.split_k, EPI 0, never PRE): only K's slice [KLO, KHI) of x and of each row
-// (ip), the sums fp32 partials that a SUM task adds.
+// KS (passes/tile.split_k, EPI 0): only K's slice [KLO, KHI) of x and of each row (ip), the
+// sums fp32 partials that a SUM task adds; its preloaded rows are the slice's part of each.
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 5 warp 0's first weights in registers (its
 // preload landed) or requested, 2 its first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
@@ -362,7 +362,9 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     const int last = NMAT == 2 ? gl : 2 * gl + 1;                     // the item's last row
     if (AMK_PRE && PRE && (last < pr || pr == n_tile)) {
       mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
-      direct_load_pre<NMAT, GU, SR>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
+      // a K slice's rows were copied as its part of each row only (preload.rows_range)
+      direct_load_pre<NMAT, GU, SR>(wv, smem + AMK_PRE_OFF, pr, n_tile, KS ? (long long)Kd * (long long)sizeof(TW) : rbytes,
+                                    nv, nseg, it);
     } else {
       direct_load<NMAT, GU, SR>(wv, P, n_off, n_tile, rbytes, nv, nseg, it, (long long)klo * (long long)sizeof(TW));
     }
