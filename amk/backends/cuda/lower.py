@@ -11,6 +11,7 @@ buffers are bound.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from amk.gcpause import without_gc
@@ -37,6 +38,7 @@ def fold_program(program: Program, n_ctas: int = 132,
     scratch = argmax.scratch_bytes        # the argmax partials first, then the FUSED scratch
     memo = _FusedMemo()
     pre_memo = IdentityMemo()             # preload's PRE steps, once per encoded step
+    early_memo = IdentityMemo()           # _no_early's steps, once per encoded step
     tasks = []
     views = [_view(b) for b in program.buffers]       # one View per buffer, shared by its tasks
     memo.number(views)
@@ -55,19 +57,19 @@ def fold_program(program: Program, n_ctas: int = 132,
             ft = preload(ft, options.preload_bytes, pre_memo)
         if t.op == K.FUSED and not ft.one:
             scratch += -(-used // SCRATCH_ALIGN) * SCRATCH_ALIGN
-            _no_early(ft)
+            _no_early(ft, early_memo)
         tasks.append(ft)
     queues = _queues(program, n_ctas)
     drop_unissued_preloads(tasks, queues)
     return Folded(tasks, queues, scratch)
 
 
-def _no_early(ft: FoldedTask) -> None:
-    """A FUSED task's steps have no early phase: the scheduler runs one (attn_early, during the
-    poll) only for a plain task."""
-    for enc, _, _ in ft.steps:
-        if enc.ip.get("EARLY"):
-            enc.ip["EARLY"] = 0
+def _no_early(ft: FoldedTask, memo: IdentityMemo) -> None:
+    """A task that still runs steps after the folds has no early phase: the scheduler runs one
+    (attn_early, during the poll) only for a plain task, so its steps get EARLY 0 (new Encoded
+    objects: the encoded ones are shared through the kind memos)."""
+    ft.steps = [(memo.get(enc, None, lambda enc=enc: replace(enc, ip=dict(enc.ip, EARLY=0))), a, o)
+                if enc.ip.get("EARLY") else (enc, a, o) for enc, a, o in ft.steps]
 
 
 def _lower_and_fold(t, ins: list[View], outs: list[View], scratch: int) -> tuple[Fused, int]:

@@ -96,3 +96,19 @@ def test_a_decoders_split_kv_attention_reads_pos_and_issues_its_rows_during_the_
     attn = t[t["op"] == int(K.ATTENTION_TILE)]
     assert len(attn) and (attn["ip"][:, abi.ip_index("ATTN", "EARLY")] == 1).all()
     assert low.spec.early and "#define AMK_EARLY 1" in render_lowered(low, CudaOptions())
+
+
+def test_an_attention_step_of_a_fused_task_has_no_early_phase():
+    """Qwen3-0.6B at batch 4: its attention tasks stay FUSED after the folds (the encoder gave
+    the attention step an early phase, but the scheduler runs one only for a plain task), so
+    those steps' EARLY is 0 (lower._no_early): the step stages its own K/V rows."""
+    import amk
+    cfg = replace(PRESETS["qwen3-0.6b"], n_layers=1, max_seq=8192)
+    model = Model(cfg, random_params(cfg, device="meta"))
+    program = amk.jit(model.fn, backend="cuda", donate=("kv",)).lower(*model.example_args(4)).program
+    t = lower_program(program, 132, CudaOptions()).tasks
+    steps = np.concatenate([np.arange(int(d["sub_begin"]), int(d["sub_begin"]) + int(d["n_sub"]))
+                            for d in t[t["n_sub"] > 0]])
+    attn = steps[t["op"][steps] == int(K.ATTENTION_TILE)]
+    assert len(attn)
+    assert (t["ip"][attn, abi.ip_index("ATTN", "EARLY")] == 0).all()
