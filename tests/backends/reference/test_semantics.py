@@ -238,6 +238,25 @@ def test_kv_window_splits_the_live_window_not_the_cache():
     assert [kv_window(0, 16, 16, 15, s, 3) for s in range(3)] == [(0, 6), (6, 12), (12, 16)]
     assert kv_window(4, 8, 16, 2, 0, 1) == (4, 4)              # the window starts past pos: empty
     assert kv_window(4, 8, 16, None, 1, 2) == (8, 12)          # no pos: the static window
+    # 5 live rows in 4 shards of 2 (one row a shard at least): the last is empty at the
+    # window's end, not past it (nor past the 5-row cache)
+    assert [kv_window(0, 5, 5, 4, s, 4, 0, 1) for s in range(4)] == [(0, 2), (2, 4), (4, 5), (5, 5)]
+
+
+def test_sequences_of_one_batched_shard_one_dead_one_empty_write_empty_partials():
+    """A batched split-KV task (b_off / b_count, a position a sequence) reads every sequence's
+    shard from the lowest row to the highest: sequence 0 at pos 0 (its shard 3 of 4 not live)
+    and sequence 1 at pos 4 (5 rows, its shard 3 empty) both write the empty partial (found by
+    the nightly property run: the union reached past the 5-row cache and the VM raised)."""
+    B, HD = 2, 8
+    q, k, v = rnd(B, HD), rnd(B, 5, 1, HD, seed=1), rnd(B, 5, 1, HD, seed=2)
+    pos = torch.tensor([0, 4], dtype=torch.int32)
+    out = torch.full((1, B * (HD + 2)), 7.0)
+    run(K.ATTENTION_TILE, [q, k, v, pos], [out], head_dim=HD, n_heads=1, n_kv_heads=1, kv_start=0,
+        kv_len=5, flags=2, b_off=0, b_count=2, kv_shard=3, kv_shards=4, kv_shard_rows=1)
+    part = out.view(B, HD + 2)
+    assert torch.equal(part[1, :HD], torch.zeros(HD)) and part[1, HD] == float("-inf") and part[1, HD + 1] == 0
+    assert torch.equal(part[0], torch.full((HD + 2,), 7.0))    # not live: its partial untouched
 
 
 def test_live_shard_count_follows_the_live_rows():
