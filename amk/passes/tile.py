@@ -92,16 +92,20 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
     (x is read by every tile) beat the partials' traffic and the SUM's stage (three task
     overheads at one SM's share of the bandwidth), for bf16 weights and at most
     SPLIT_K_ROWS_MAX rows of x; 1: no split. opts.k_split forces a count where the split is
-    legal: x of several rows, not from a norm, no bias, and what the cuda backend's
-    tensor-core GEMV runs over a slice (bf16 x; bf16 weights, or quantized ones in groups of
-    whole 128-element k-blocks; slices of whole 256-element segments: k stays absolute, so a
-    slice needs no group alignment of its own)."""
+    legal: x of several rows (or one row an elementwise op wrote, with bf16 weights: the cuda
+    backend's op_gemv_direct runs its slice), not from a norm, no bias, and what the cuda
+    backend's tensor-core GEMV runs over a slice (bf16 x; bf16 weights, or quantized ones in
+    groups of whole 128-element k-blocks; slices of whole 256-element segments: k stays
+    absolute, so a slice needs no group alignment of its own)."""
     x, wt = bufs[task.inputs[0]], bufs[task.inputs[1]]
     k = int(task.params.get("K", x.cols))
     m = x.numel // max(k, 1)
     quant = bool(task.params.get("qdtype"))
     group = int(task.params.get("group", k)) if quant else 0
-    legal = (m >= 2 and writer not in NORMS and not task.params.get("bias")
+    # one row: only bf16 weights whose x an elementwise op wrote (down after silu_mul), run by
+    # op_gemv_direct over the slice; the o tile's x is the combine it folds in
+    one_row = m == 1 and writer in ELEMENTWISE and not quant and wt.dtype is DType.BF16
+    legal = ((m >= 2 or one_row) and writer not in NORMS and not task.params.get("bias")
              and (quant or len(task.inputs) == 2) and len(wt.shape) == 2
              and "k_off" not in task.params and x.dtype is DType.BF16
              and (group % 128 == 0 if quant else wt.dtype is DType.BF16))
@@ -110,6 +114,8 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
         return int(opts.k_split) if int(opts.k_split) in cs else 1
     if quant or m > SPLIT_K_ROWS_MAX:   # measured slower there (NOTES v49): int4 at batch 16
         return 1                        # +7%, batch 64 +11%, where bf16 at 16 won 3.5%
+    if m == 1:                          # forced only: its slices wait for fewer producer tiles,
+        return 1                        # but the SUM's stage is a hand-off more (NOTES v62)
     t = opts.target
     # the SUM's stage: its task and a hand-off on each side, at one SM's share of the bandwidth
     # (3 overheads: batch 16 won, -3.5% on an H200 and -5.2% on an H100, saving 160 KB a tile;

@@ -190,3 +190,46 @@ def test_no_preload_when_turned_off():
     prog, low = _one_layer_1b(off)
     assert not low.tasks["n_pre"].any()
     assert "#define AMK_PRE 0" in render(prog, off)
+
+
+def test_a_forced_batch_1_k_split_runs_its_slices_on_the_direct_gemv():
+    """AMK_K_SPLIT at batch 1 (passes/tile.split_k; only down splits): each K slice is an
+    op_gemv_direct with KS over ip [KLO, KHI), fp32 partials out, its first 16 rows' 4 KiB parts
+    preloaded as one range of rows 16 KiB apart (preload.rows_range, AMK_PRE_ROWS); the last
+    slice of a row tile adds them with the residual (sum_by_last.py); it compiles without spills."""
+    from amk.backends.cuda.preload import range_bytes, rows_range
+    from dataclasses import replace
+    from amk.models.presets import LLAMA_3_2_1B, random_model
+    from amk.passes.options import PassOptions
+    m = random_model(replace(LLAMA_3_2_1B, max_seq=1088, n_layers=1), device="meta")
+    import amk
+    f = amk.jit(m.fn, backend="cuda", options=PassOptions.for_backend("cuda").with_(k_split=4))
+    prog = f.lower(*m.example_args(1)).program
+    low = lower_program(prog)
+    down = [t for t in prog.tasks if "w_down" in t.name]
+    assert len(down) == 128
+    klo, khi = abi.ip_index("GEMV", "KLO"), abi.ip_index("GEMV", "KHI")
+    for t in down:
+        d = low.tasks[t.id]
+        v = low.variants[int(d["variant"])]
+        assert (v.fn, v.arg("ks"), v.arg("pre"), v.arg("ty")) == ("op_gemv_direct", True, True, "float")
+        lo = t.params["k_off"]
+        assert (int(d["ip"][klo]), int(d["ip"][khi])) == (lo, lo + 2048)
+        assert int(d["ip"][abi.ip_index("GEMV", "PRE")]) in (0, 16)
+    before = {j: i for q in low.queues for i, j in zip(q, q[1:])}
+    preloaded = [t for t in down if t.id in before]
+    assert preloaded
+    for t in preloaded:
+        d = low.tasks[before[t.id]]
+        (rng,) = low.ranges[int(d["pre_begin"]):int(d["pre_begin"]) + int(d["n_pre"])]
+        assert rng[1:] == (t.params["n_off"] * 16384 + t.params["k_off"] * 2, rows_range(4096, 16, 16384))
+        assert range_bytes(rng[2]) == 65536
+    sums = [t for t in prog.tasks if t.name.endswith("+sum")]
+    assert len(sums) == 32 and all(low.variants[int(low.tasks[t.id]["variant"])].fn == "op_sum" for t in sums)
+    src = render(prog)
+    assert "#define AMK_PRE_ROWS 1" in src and "#define AMK_PRE_ROWS 0" in render(_one_layer_1b()[0])
+    res = compile_source(src, "sm_90a")
+    blocks = re.findall(r"Function properties for (\S*(?:op_gemv_direct|megakernel)\S*)\n(.*)\n", res.log)
+    assert len(blocks) > 4
+    for name, line in blocks:
+        assert "0 bytes spill stores" in line, (name, line)
