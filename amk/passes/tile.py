@@ -22,7 +22,8 @@ of weights a tile, every tile reading all of x) is split over K as well (split_k
 x C K slices, each writing fp32 partial sums of its rows to one of C partial buffers, then a SUM
 a row tile adds the C partials in order (into which `fuse` folds the residual ADD). Each tile
 then reads 1 / C of x. Not where x comes from a norm (the norm needs whole rows) or the GEMV
-has a bias.
+has a bias. One row of x (batch 1, only where forced) gets one SUM of the whole row, which
+`fuse` recomputes in every reader of the residual it makes (options.SUM_INTO_READERS).
 
 A `whole_ops` target (the triton backend: one launch per task, its grid spreads the op) gets
 no tiles at all: splitting an op there only adds launches.
@@ -130,8 +131,9 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
 
 
 def _split_k_tiles(task: Task, grid: list[tuple[int, int]], c: int, parts: list[Buffer],
-                   y: int, counter: int) -> list[Task]:
-    """R x C K-slice tiles (each into partial buffer kc), then R SUM tasks into y (counter)."""
+                   y: int, counter: int, sums: list[tuple[int, int]]) -> list[Task]:
+    """R x C K-slice tiles (each into partial buffer kc), then a SUM task a column range of
+    `sums` into y (counter)."""
     k = int(task.params.get("K", 0))
     kt = k // c
     n = len(grid)
@@ -140,8 +142,8 @@ def _split_k_tiles(task: Task, grid: list[tuple[int, int]], c: int, parts: list[
                     task.waits, task.out_counter, f"{task.name}[tile {i}/{n}, k {kc}/{c}]")
            for i, (lo, w) in enumerate(grid) for kc in range(c)]
     out += [new_task(task.id, K.SUM, tuple(p.id for p in parts), (y,), {"n_off": lo, "N_tile": w},
-                     (Wait(task.out_counter, 0),), counter, f"{task.name}[sum {i}/{n}]")
-            for i, (lo, w) in enumerate(grid)]
+                     (Wait(task.out_counter, 0),), counter, f"{task.name}[sum {i}/{len(sums)}]")
+            for i, (lo, w) in enumerate(sums)]
     return out
 
 
@@ -196,9 +198,12 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
                                     y.shape) for i in range(c)]
                     added += parts
                     summed[t.out_counter] = next_counter
-                    new = _split_k_tiles(t, grid, c, parts, y.id, next_counter)
+                    # one row: one SUM of the whole row, which `fuse` recomputes in each of its
+                    # readers (SUM_INTO_READERS): no SUM stage, no hand-off of its own
+                    sums = [(0, n)] if y.numel == n else grid
+                    new = _split_k_tiles(t, grid, c, parts, y.id, next_counter, sums)
                     next_counter += 1
-                    grid_of[y.id] = grid
+                    grid_of[y.id] = sums
                 elif len(grid) > 1:
                     new = _split(t, grid)
                     grid_of[y.id] = grid

@@ -2,6 +2,7 @@
 writing fp32 partial sums that a SUM a row tile adds in order (the residual ADD folded into it
 by `fuse`); its readers wait for the SUMs. The reference VM runs the split program to the
 unsplit one's numbers, and the checks refuse a malformed K slice."""
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,8 @@ from amk.program.recipe import recipe_of
 from amk.testing.cuda_examples import _single
 from amk.program.ir import BufferKind as BK, DType as D
 
+from amk.backends.reference.vm import ReferenceVM
+from stage_check import args_with_history, clone_args, model_bindings
 from test_stamp import decoder_graph
 
 
@@ -84,6 +87,48 @@ def test_batch_1_down_splits_only_when_forced_and_each_slice_waits_for_its_gate_
         for p in producers:
             (step,) = [s for s in recipe_of(p).steps if s.op is K.SILU_MUL]
             assert lo <= step.params["n_off"] < hi
+
+
+def test_a_batch_1_split_sum_is_recomputed_by_every_reader_of_its_residual():
+    """One row (forced): one whole-row SUM, which `fuse` inlines with its residual ADD into the
+    next norm (so every q/k/v tile and, after the last layer, every LM-head tile) and into the
+    next residual add (every o tile): no SUM task, no SUM stage; only those tiles read the
+    partials (options.SUM_INTO_READERS)."""
+    prog = run_pipeline(decoder_graph(ONE_B, batch=1), CUDA_H100.with_(k_split=4))["fuse"]
+
+    def ops(t):
+        return [s.op for s in recipe_of(t).steps] if t.op is K.FUSED else [t.op]
+    assert not any(ops(t)[-1] in (K.SUM, K.ADD) and K.GEMV_TILE not in ops(t) for t in prog.tasks)
+    down = [t for t in prog.tasks if "w_down" in t.name and "k_off" in t.params]
+    parts = {t.outputs[0] for t in down}
+    assert len(parts) == 8                      # 4 a layer
+    readers = [t for t in prog.tasks if set(t.inputs) & parts]
+    names = Counter(t.name.split(" @")[0].split("(")[-1].rstrip(")") for t in readers)
+    assert names == {"params.layers.1.wq": 86, "params.layers.1.wk": 22, "params.layers.1.wv": 22,
+                     "add": 128, "params.lm_head": 132}, names        # "add": the o tiles
+    for t in readers:
+        o_tile = t.name.startswith("add")
+        assert ([op for op in ops(t) if op in (K.SUM, K.ADD, K.RMSNORM, K.GEMV_TILE)]
+                == ([K.GEMV_TILE, K.SUM, K.ADD, K.ADD] if o_tile else [K.SUM, K.ADD, K.RMSNORM, K.GEMV_TILE]))
+
+
+def test_the_recomputed_sum_keeps_the_bits_of_the_sum_task():
+    """Every stage from `tile` on (the SUM a task, then inlined into its readers) runs to the
+    same bits on the reference VM, in bf16."""
+    cfg = replace(PRESETS["llama-3.2-1b"], vocab=512, hidden=256, n_layers=2, n_heads=8,
+                  n_kv_heads=2, head_dim=32, ffn=1024, max_seq=64, dtype=torch.bfloat16)
+    m = Model(cfg, random_params(cfg, seed=3))
+    f = amk.jit(m.fn, backend="reference", options=PassOptions.for_backend("reference").with_(k_split=2))
+    args = args_with_history(m)
+    low = f.lower(*args)
+    stages = list(low.programs)
+    assert not any(t.op is K.SUM for t in low.program.tasks)
+    assert any(t.op is K.SUM for t in low.programs["tile"].tasks)
+    outs = {name: ReferenceVM(low.programs[name]).run(model_bindings(clone_args(args)))
+            for name in stages[stages.index("tile"):]}
+    first = outs["tile"]
+    for name, got in outs.items():
+        assert all(torch.equal(g, w) for g, w in zip(got, first)), name
 
 
 @pytest.mark.parametrize("quant,batch", [(None, 4), ("int4", 4), ("fp8", 4), (None, 1)])

@@ -94,9 +94,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
              "PRE", "BIAS_AT", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
-             "RD", "KLO", "KHI",      # KLO, KHI: a KS variant's K slice [KLO, KHI) of K (mma, direct)
-             "THEN"),                 # THEN: 1 + the task the last K slice to end runs (0: none;
-                                      # sum_by_last.py: that task is in no queue)
+             "RD", "KLO", "KHI"),     # KLO, KHI: a KS variant's K slice [KLO, KHI) of K (mma, direct)
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row

@@ -74,8 +74,7 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
              f"#define AMK_RMS_RN {RMS_RN}\n"
              # code for what the program does not use is not compiled (dead code in the hot
              # functions costs time: NOTES v16a)
-             f"#define AMK_ZERO {int(spec.zero)}\n#define AMK_EARLY {int(spec.early)}\n"
-             f"#define AMK_THEN {int(spec.then)}\n",
+             f"#define AMK_ZERO {int(spec.zero)}\n#define AMK_EARLY {int(spec.early)}\n",
              abi.render_header()]
     if options.profile:
         parts.insert(2, f"#define AMK_PROFILE 1\n#define AMK_PROF_W {abi.PROF_WORDS}\n"

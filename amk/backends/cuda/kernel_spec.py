@@ -24,7 +24,6 @@ class KernelSpec:
     pre_rows: bool                   # some of those ranges are rows at a stride (AMK_PRE_ROWS)
     zero: bool                       # a FUSED task zeroes scratch first (AMK_ZERO)
     early: bool                      # a task has an early phase during its poll (AMK_EARLY)
-    then: bool                       # a task's last producer runs it (AMK_THEN, sum_by_last.py)
     too_many: tuple[int, ...]        # ids of tasks with a descriptor of > MAX_PTRS operands
 
 
@@ -63,5 +62,4 @@ def kernel_spec(folded: Folded) -> KernelSpec:
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
     pre_rows = any(n >> 24 for q in folded.queues for j in q[1:] for _, _, n in folded.tasks[j].preload)
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
-    return KernelSpec(variants, tuple(index), pre, pre_rows, zero, early, bool(folded.then),
-                      tuple(dict.fromkeys(too_many)))
+    return KernelSpec(variants, tuple(index), pre, pre_rows, zero, early, tuple(dict.fromkeys(too_many)))

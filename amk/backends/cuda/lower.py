@@ -25,7 +25,6 @@ from amk.backends.cuda.kernel_spec import KernelSpec, kernel_spec
 from amk.backends.cuda.fused import lower_fused
 from amk.backends.cuda.options import CudaOptions
 from amk.backends.cuda.preload import drop_unissued_preloads, preload
-from amk.backends.cuda.sum_by_last import sum_by_last
 from amk.backends.cuda.steps import (REF_BUFFER, REF_SCRATCH, SCRATCH_ALIGN, Folded, FoldedTask,
                                      Fused, View, fail)
 from amk.backends.cuda.tables import Lowered, pack
@@ -61,9 +60,8 @@ def fold_program(program: Program, n_ctas: int = 132,
             _no_early(ft, early_memo)
         tasks.append(ft)
     queues = _queues(program, n_ctas)
-    then = sum_by_last(program, tasks, queues)
     drop_unissued_preloads(tasks, queues)
-    return Folded(tasks, queues, scratch, then)
+    return Folded(tasks, queues, scratch)
 
 
 def _no_early(ft: FoldedTask, memo: IdentityMemo) -> None:

@@ -140,5 +140,3 @@ class Folded:
     tasks: list                          # FoldedTask per program task, in task order
     queues: list                         # per-CTA task ids
     scratch_bytes: int
-    then: dict = field(default_factory=dict)   # producer id -> the task it runs when last
-                                               #   (sum_by_last.py; those tasks are in no queue)

@@ -4,7 +4,7 @@ into the scheduler's switch. Per-task parameters live in descriptors, so the ren
 depends only on the set of variants, never on the number of tasks."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -107,8 +107,6 @@ def pack(program: Program, folded: Folded, spec: KernelSpec | None = None) -> Lo
                               n_sub=len(ft.steps), zero_begin=zero_begin, n_zero=len(ft.zero)))
         else:
             enc, sins, souts = ft.steps[0]
-            if t.id in folded.then:       # a K slice whose last one runs the SUM (sum_by_last.py)
-                enc = replace(enc, ip=dict(enc.ip, THEN=folded.then[t.id] + 1))
             c = encs.of(enc)
             n_in, n_out = len(sins), len(souts)
             rows.append(_Desc(c[0], c[1], pointers(sins, souts), n_in, n_out, t.id, n_in + n_out,

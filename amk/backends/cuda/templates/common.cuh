@@ -166,13 +166,6 @@ __device__ __forceinline__ unsigned ld_volatile(const unsigned* p) { return *(co
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
-// Release this CTA's writes (after a __syncthreads, as above) and acquire every earlier adder's:
-// the count before this add (sum_by_last.py: the last slice to add runs the SUM)
-__device__ __forceinline__ unsigned atom_acq_rel_add(unsigned* p, unsigned v) {
-  unsigned old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
 __device__ __forceinline__ unsigned long long global_timer() {
   unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }

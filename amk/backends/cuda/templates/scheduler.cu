@@ -80,15 +80,6 @@ __device__ __noinline__ void run_unstaged(const TaskDesc* sub, const unsigned lo
   run_variant(*s_sub, s_sub_ptrs, smem, st);
 }
 
-// Thread 0, at the end of a K slice whose ip THEN names then_task (sum_by_last.py): its add to
-// its counter is acq_rel; true when this add completes the step's count, so that this CTA runs
-// then_task (one wait: this counter, every producer's add).
-__device__ __forceinline__ bool then_last(const TaskDesc* tasks, int then, unsigned* counter, unsigned epoch) {
-  const TaskDesc* S = tasks + then;
-  const unsigned target = S->wait_t[0] + epoch * S->wait_s[0];
-  return (int)(atom_acq_rel_add(counter, 1u) + 1u - target) == 0;
-}
-
 // Thread 0 only. Returns false when the kernel is aborting. The first AMK_INLINE_WAITS waits
 // come from the descriptor in shared memory (a global load before the first poll would add a
 // round trip to every task start whose counters are already there), the rest from the table.
@@ -225,24 +216,10 @@ extern "C" __global__ void __launch_bounds__(AMK_NTHREADS, 1) amk_megakernel(con
       run_variant(T, s_ptrs[slot], smem, st);
     }
     const int out_counter = T.out_counter;   // the slot is refilled once everyone passes below
-    // a K slice's THEN (sum_by_last.py: only plain GEMV tasks name one)
-    const int then_task = AMK_THEN && (T.op == OP_GEMV_TILE || T.op == OP_GEMM_TILE) ? T.ip[P_GEMV_THEN] - 1 : -1;
     cp_async_wait<0>();            // the task's own copies
     __syncthreads();
-    if (threadIdx.x == 0 && out_counter >= 0) {   // after the barrier: the CTA's writes, released
-      unsigned* c = (unsigned*)A.counters + (long long)out_counter * AMK_CSTRIDE;
-      if (AMK_THEN && then_task >= 0) s_ok = then_last(tasks, then_task, c, epoch) ? 2 : 1;
-      else red_release_add(c, 1u);
-    }
-    if (AMK_THEN && then_task >= 0) {   // s_ok is free until the next task's poll sets it
-      __syncthreads();
-      if (s_ok == 2) {                  // the last producer: run then_task and release its counter
-        run_unstaged(tasks + then_task, ptrs, &s_sub, s_sub_ptrs, smem, st);
-        __syncthreads();
-        if (threadIdx.x == 0)
-          red_release_add((unsigned*)A.counters + (long long)s_sub.out_counter * AMK_CSTRIDE, 1u);
-      }
-    }
+    if (threadIdx.x == 0 && out_counter >= 0)   // after the barrier: the CTA's writes, released
+      red_release_add((unsigned*)A.counters + (long long)out_counter * AMK_CSTRIDE, 1u);
     if (AMK_PRE && threadIdx.x == 0) preload_next(smem);   // the next task's rows, unless issued
     if (next >= 0) slot_stage2(s_task[slot ^ 1], tasks, ptrs, s_subs[slot ^ 1], s_ptrs[slot ^ 1], ranges, amk_pre_ranges[slot ^ 1]);
 #ifdef AMK_PROFILE
