@@ -172,10 +172,7 @@ class Jitted:
                               name=getattr(self.fn, "__name__", "fn"))
         self.trace_count += 1
         t1 = time.perf_counter()
-        opts = self.options
-        if opts is None:
-            opts = PassOptions.for_backend(backend, device)
-            opts = opts if knobs.k_split() is None else opts.with_(k_split=knobs.k_split())
+        opts = self.options if self.options is not None else PassOptions.for_backend(backend, device)
         debug = knobs.debug()          # the pass and dump knobs, read once per compile
         program, programs, hit = run_pipeline_cached(graph, opts, knobs.cache_dir(), debug,
                                                      self._compile_ahead(backend, device, opts))

@@ -54,16 +54,6 @@ def backend() -> str:
     return os.environ.get("AMK_BACKEND", "")
 
 
-# ---- the passes' options (part of the passes' cache key) ----------------------------------------
-def k_split() -> int | None:
-    """AMK_K_SPLIT=1|2|4: K slices of every GEMV where a split is legal (PassOptions.k_split,
-    passes/tile.split_k); unset: the bytes rule decides (it never splits one row of x)."""
-    n = _int("AMK_K_SPLIT", 0)
-    if n not in (0, 1, 2, 4):
-        raise ValueError(f"AMK_K_SPLIT={n}: expected 1, 2 or 4")
-    return n or None
-
-
 # ---- the CUDA kernel's shape (part of every CUDA cache key) -------------------------------------
 def preload_bytes() -> int:
     """AMK_PRELOAD: bytes of a batch-1 GEMV tile's first weight rows (q/k/v, o, gate/up, down,

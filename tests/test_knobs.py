@@ -81,23 +81,3 @@ def test_no_backend_module_reads_the_environment_or_imports_amk_itself():
         if f.parent.name == "cuda":
             assert "os.environ" not in text and "knobs" not in text.replace("amk.knobs.cuda_options", ""), f
     assert "knobs" not in (AMK / "passes" / "options.py").read_text()
-
-
-def test_the_k_split_knob_reaches_the_passes_and_refuses_a_bad_count(monkeypatch):
-    """AMK_K_SPLIT forces tile.split_k's count in a function's default pass options (and
-    so its program: the passes' cache key holds the options); 3 is refused by name."""
-    import torch
-    import amk
-    from amk import ops
-
-    def step(x, w):
-        return ops.linear(x, w)
-
-    x, w = torch.ones(1, 1024, dtype=torch.bfloat16), torch.ones(64, 1024, dtype=torch.bfloat16)
-    monkeypatch.setenv("AMK_K_SPLIT", "2")
-    assert amk.jit(step, backend="reference").lower(x, w).options.k_split == 2
-    monkeypatch.delenv("AMK_K_SPLIT")
-    assert amk.jit(step, backend="reference").lower(x, w).options.k_split is None
-    monkeypatch.setenv("AMK_K_SPLIT", "3")
-    with pytest.raises(ValueError, match="AMK_K_SPLIT"):
-        knobs.k_split()

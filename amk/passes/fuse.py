@@ -32,10 +32,9 @@ from amk.program.regions import Region, merge
 
 # Ops cheap enough to recompute in every reader (no weight matrix streamed). A combine reads
 # every partial (P x heads x (hd+2) floats), still cheaper than a task hand-off on a GPU; it is
-# only recomputed where a rule allows it (options.COMBINE_INTO_GEMV, the cuda backend's); a
-# batch-1 split's SUM of 4 x 8 KB partials likewise (options.SUM_INTO_READERS).
+# only recomputed where a rule allows it (options.COMBINE_INTO_GEMV, the cuda backend's).
 CHEAP = frozenset({K.RMSNORM, K.LAYERNORM, K.ROPE, K.ADD, K.MUL, K.SILU_MUL, K.GELU, K.COPY,
-                   K.ATTENTION_COMBINE, K.SUM})
+                   K.ATTENTION_COMBINE})
 READ_ONLY = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 
 

@@ -64,15 +64,6 @@ COMBINE_INTO_GEMV: tuple[tuple[str, str], ...] = (
     ("ATTENTION_COMBINE", "GEMV_TILE"), ("ATTENTION_COMBINE", "GEMM_TILE"))
 
 
-# A batch-1 K split's whole-row SUM and its residual ADD (tile.split_k, forced only) recomputed
-# by every reader of the sum: the next norm (so every q/k/v and LM-head tile) and the next
-# residual add (every o tile), instead of a SUM stage and its hand-off. Only a forced split's
-# programs get these rules (PassOptions.rules), and fuse recomputes only CHEAP producers in
-# several readers.
-SUM_INTO_READERS: tuple[tuple[str, str], ...] = (
-    ("ADD", "RMSNORM"), ("ADD", "LAYERNORM"), ("ADD", "ADD"))
-
-
 @dataclass(frozen=True)
 class PassOptions:
     target: Target = H200
@@ -102,8 +93,7 @@ class PassOptions:
 
     @property
     def rules(self) -> tuple[tuple[str, str], ...]:
-        rules = DEFAULT_FUSE_RULES if self.fuse_rules is None else tuple(self.fuse_rules)
-        return rules + SUM_INTO_READERS if self.k_split and self.k_split > 1 else rules
+        return DEFAULT_FUSE_RULES if self.fuse_rules is None else tuple(self.fuse_rules)
 
     @staticmethod
     def for_backend(backend: str, device=None) -> "PassOptions":

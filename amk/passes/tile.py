@@ -22,8 +22,7 @@ of weights a tile, every tile reading all of x) is split over K as well (split_k
 x C K slices, each writing fp32 partial sums of its rows to one of C partial buffers, then a SUM
 a row tile adds the C partials in order (into which `fuse` folds the residual ADD). Each tile
 then reads 1 / C of x. Not where x comes from a norm (the norm needs whole rows) or the GEMV
-has a bias. One row of x (batch 1, only where forced) gets one SUM of the whole row, which
-`fuse` recomputes in every reader of the residual it makes (options.SUM_INTO_READERS).
+has a bias.
 
 A `whole_ops` target (the triton backend: one launch per task, its grid spreads the op) gets
 no tiles at all: splitting an op there only adds launches.
@@ -93,20 +92,16 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
     (x is read by every tile) beat the partials' traffic and the SUM's stage (three task
     overheads at one SM's share of the bandwidth), for bf16 weights and at most
     SPLIT_K_ROWS_MAX rows of x; 1: no split. opts.k_split forces a count where the split is
-    legal: x of several rows (or one row an elementwise op wrote, with bf16 weights: the cuda
-    backend's op_gemv_direct runs its slice), not from a norm, no bias, and what the cuda
-    backend's tensor-core GEMV runs over a slice (bf16 x; bf16 weights, or quantized ones in
-    groups of whole 128-element k-blocks; slices of whole 256-element segments: k stays
-    absolute, so a slice needs no group alignment of its own)."""
+    legal: x of several rows, not from a norm, no bias, and what the cuda backend's
+    tensor-core GEMV runs over a slice (bf16 x; bf16 weights, or quantized ones in groups of
+    whole 128-element k-blocks; slices of whole 256-element segments: k stays absolute, so a
+    slice needs no group alignment of its own)."""
     x, wt = bufs[task.inputs[0]], bufs[task.inputs[1]]
     k = int(task.params.get("K", x.cols))
     m = x.numel // max(k, 1)
     quant = bool(task.params.get("qdtype"))
     group = int(task.params.get("group", k)) if quant else 0
-    # one row: only bf16 weights whose x an elementwise op wrote (down after silu_mul), run by
-    # op_gemv_direct over the slice; the o tile's x is the combine it folds in
-    one_row = m == 1 and writer in ELEMENTWISE and not quant and wt.dtype is DType.BF16
-    legal = ((m >= 2 or one_row) and writer not in NORMS and not task.params.get("bias")
+    legal = (m >= 2 and writer not in NORMS and not task.params.get("bias")
              and (quant or len(task.inputs) == 2) and len(wt.shape) == 2
              and "k_off" not in task.params and x.dtype is DType.BF16
              and (group % 128 == 0 if quant else wt.dtype is DType.BF16))
@@ -115,8 +110,6 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
         return int(opts.k_split) if int(opts.k_split) in cs else 1
     if quant or m > SPLIT_K_ROWS_MAX:   # measured slower there (NOTES v49): int4 at batch 16
         return 1                        # +7%, batch 64 +11%, where bf16 at 16 won 3.5%
-    if m == 1:                          # forced only: its slices wait for fewer producer tiles,
-        return 1                        # but the SUM's stage is a hand-off more (NOTES v62)
     t = opts.target
     # the SUM's stage: its task and a hand-off on each side, at one SM's share of the bandwidth
     # (3 overheads: batch 16 won, -3.5% on an H200 and -5.2% on an H100, saving 160 KB a tile;
@@ -131,9 +124,8 @@ def split_k(task: Task, bufs, w: int, writer: K | None, opts: PassOptions) -> in
 
 
 def _split_k_tiles(task: Task, grid: list[tuple[int, int]], c: int, parts: list[Buffer],
-                   y: int, counter: int, sums: list[tuple[int, int]]) -> list[Task]:
-    """R x C K-slice tiles (each into partial buffer kc), then a SUM task a column range of
-    `sums` into y (counter)."""
+                   y: int, counter: int) -> list[Task]:
+    """R x C K-slice tiles (each into partial buffer kc), then R SUM tasks into y (counter)."""
     k = int(task.params.get("K", 0))
     kt = k // c
     n = len(grid)
@@ -142,8 +134,8 @@ def _split_k_tiles(task: Task, grid: list[tuple[int, int]], c: int, parts: list[
                     task.waits, task.out_counter, f"{task.name}[tile {i}/{n}, k {kc}/{c}]")
            for i, (lo, w) in enumerate(grid) for kc in range(c)]
     out += [new_task(task.id, K.SUM, tuple(p.id for p in parts), (y,), {"n_off": lo, "N_tile": w},
-                     (Wait(task.out_counter, 0),), counter, f"{task.name}[sum {i}/{len(sums)}]")
-            for i, (lo, w) in enumerate(sums)]
+                     (Wait(task.out_counter, 0),), counter, f"{task.name}[sum {i}/{n}]")
+            for i, (lo, w) in enumerate(grid)]
     return out
 
 
@@ -198,12 +190,9 @@ def tile(program: Program, opts: PassOptions | None = None) -> Program:
                                     y.shape) for i in range(c)]
                     added += parts
                     summed[t.out_counter] = next_counter
-                    # one row: one SUM of the whole row, which `fuse` recomputes in each of its
-                    # readers (SUM_INTO_READERS): no SUM stage, no hand-off of its own
-                    sums = [(0, n)] if y.numel == n else grid
-                    new = _split_k_tiles(t, grid, c, parts, y.id, next_counter, sums)
+                    new = _split_k_tiles(t, grid, c, parts, y.id, next_counter)
                     next_counter += 1
-                    grid_of[y.id] = sums
+                    grid_of[y.id] = grid
                 elif len(grid) > 1:
                     new = _split(t, grid)
                     grid_of[y.id] = grid

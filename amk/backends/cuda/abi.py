@@ -94,7 +94,7 @@ IP_SLOTS: dict[str, tuple[str, ...]] = {
     # GSHIFT: op_gemv_qdirect's group index is k >> GSHIFT (clamped to the last group)
     "GEMV": ("M", "K", "N", "N_OFF", "N_TILE", "LDW", "GROUP", "NGROUPS", "XS_READY", "ARG_SLOT",
              "PRE", "BIAS_AT", "KW", "SPI", "ARG_SLOTS", "GSHIFT",
-             "RD", "KLO", "KHI"),     # KLO, KHI: a KS variant's K slice [KLO, KHI) of K (mma, direct)
+             "RD", "KLO", "KHI"),     # KLO, KHI: op_gemv_mma KS's K slice [KLO, KHI) of K
     "NORM": ("ROWS", "H", "TO_SMEM"),
     "ROPE": ("ROWS", "COLS", "C0", "C1", "HD", "NPOS", "POS64", "HAS_INV"),
     # Q_ROPE: q is rotated here (folds.rope_into_attention); K_ROPE: so is NEW_KV's new k row

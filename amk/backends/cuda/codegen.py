@@ -70,7 +70,6 @@ def render_spec(spec: KernelSpec, options: CudaOptions = CudaOptions()) -> str:
              f"#define AMK_STAGE_OFF {STAGE_OFF}\n#define AMK_STAGE_BYTES {STAGE_BYTES}\n"
              f"#define AMK_SPIN_NS {options.spin_ns}\n#define AMK_CSTRIDE {options.counter_stride}\n"
              f"#define AMK_PRE {int(spec.pre)}\n#define AMK_PRE_OFF {PRE_OFF}\n"
-             f"#define AMK_PRE_ROWS {int(spec.pre_rows)}\n"
              f"#define AMK_RMS_RN {RMS_RN}\n"
              # code for what the program does not use is not compiled (dead code in the hot
              # functions costs time: NOTES v16a)

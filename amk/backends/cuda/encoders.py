@@ -22,8 +22,7 @@ def gemv_direct(*, tx, tw, ty, ts, nmat, epi, bias, tr, to, norm=False, nx="floa
                 pre=False, rn=RMS_RN, sr=1) -> Variant:
     """op_gemv_direct with every template argument, in its order: NORM's row types and its row
     elements a thread (RN: folds.norm_into_gemv), PRE (some task of the variant reads preloaded
-    rows: tables.pack), SR (row groups an item: direct_sr); a K slice's variant appends KS
-    (ip KLO / KHI, passes/tile.split_k)."""
+    rows: tables.pack), SR (row groups an item: direct_sr)."""
     return Variant.of("op_gemv_direct", tx=tx, tw=tw, ty=ty, ts=ts, nmat=nmat, epi=epi, bias=bias,
                       tr=tr, to=to, norm=norm, nx=nx, nw=nw, pre=pre, rn=rn, sr=sr)
 
@@ -184,21 +183,19 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     w_ro = w.kind in (BufferKind.WEIGHT, BufferKind.CONST)
     has_bias = bias_at > 0
     row_bytes = ldw * w.esize
-    kw = khi - klo                      # the K that this task reads
     direct = (qmode == 0 and vec and M == 1 and row_bytes % 16 == 0
-              and _direct_fits(-(-kw // 4) * 4, n_tile, -(-kw * w.esize // 4096)))
+              and _direct_fits(-(-Kd // 4) * 4, n_tile, -(-Kd * w.esize // 4096)))
     gshift = gemv_quant.group_shift(qmode, group, ngroups) if quant else None
     qdirect = (quant and vec and M == 1 and w_ro and gshift is not None
                and _direct_fits(gemv_quant.x_floats(Kd, qmode), n_tile, -(-Kd // gemv_quant.SEGMENT)))
-    if ks:                          # op_gemv_direct (one row, float weights) or op_gemv_mma runs a K slice
-        qdirect = False
+    if ks:                          # only op_gemv_mma runs a K slice
+        direct = qdirect = False
         if not (0 <= klo < khi <= Kd and klo % SPLIT_K_ALIGN == 0 and khi % SPLIT_K_ALIGN == 0):
             fail(t, f"K slice [{klo}, {khi}) of K={Kd}: its ends must be multiples of {SPLIT_K_ALIGN}")
     mma = (_mma_plan(x, w, out, M, khi - klo, n_tile, qmode, row_bytes, quant)
            if gemv_batch.scales_vectors(qmode, group, ngroups) and not qdirect else None)
-    if ks and mma is None and not direct:
-        fail(t, f"a K slice runs on op_gemv_direct (one row, float weights) or the tensor-core GEMV "
-                f"(bf16 x, M > 1 or quantized weights); "
+    if ks and mma is None:
+        fail(t, f"a K slice runs on the tensor-core GEMV only (bf16 x, M > 1 or quantized weights); "
                 f"here x is {x.dtype.name} [{M} rows], the weights {w.dtype.name}")
     if not (direct or qdirect or mma is not None) and Kd > GEMV_X_MAX:   # op_gemv stages one row
         fail(t, f"K={Kd} exceeds the {GEMV_X_MAX} elements of x a GEMV at M={M} stages in shared memory, "
@@ -215,8 +212,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     elif direct:
         var = gemv_direct(tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, nmat=1, epi=0,
                           bias=has_bias, tr="float", to=ftype(t, out.dtype),
-                          sr=direct_sr(1, n_tile, kw * w.esize))
-        var = var.with_(ks=True) if ks else var
+                          sr=direct_sr(1, n_tile, Kd * w.esize))
     else:
         var = Variant.of("op_gemv", tx=ftype(t, x.dtype), tw=tw, ty=ftype(t, out.dtype), ts=ts, tz=tz,
                          qmode=qmode, bias=has_bias, zeros=zeros is not None, vec=vec, mb=mb, wro=w_ro)
@@ -224,9 +220,7 @@ def _enc_gemv(t, op, ins, outs, p) -> Encoded:
     e.ip = dict(M=M, K=Kd, N=N, N_OFF=n_off, N_TILE=n_tile, LDW=ldw, GROUP=group,
                 NGROUPS=ngroups, BIAS_AT=bias_at)
     if var.fn == "op_gemv_mma":
-        e.ip.update(gemv_batch.plan_ip(mma))
-    if ks:
-        e.ip.update(KLO=klo, KHI=khi)
+        e.ip.update(gemv_batch.plan_ip(mma), **(dict(KLO=klo, KHI=khi) if ks else {}))
     if qdirect:
         e.ip["GSHIFT"] = gshift
     return e

@@ -335,56 +335,6 @@ def norm_into_gemv(f: Fused) -> Fused:
     return Fused(_fold_windows(f.steps, 2, fold), f.zero)
 
 
-def _whole_row_sum(s: Encoded, sa, so, later) -> bool:
-    """An op_sum with its residual (sum_add) of one whole row of fp32 partials into a scratch
-    that no step of `later` reads, its SUM, residual and output of one float type: a batch-1
-    split's sum, which sum_res adds where it is read."""
-    v = s.variant if s.is_fn("op_sum") else None
-    return bool(v and v.arg("res") and s.ip["ROWS"] == 1 and s.ip["C0"] == 0 and s.ip["C1"] == s.ip["COLS"]
-                and v.arg("tp") == "float" and all(a.dtype == DType.F32 for a in sa[:-1])
-                and v.arg("ty") == v.arg("tr") == v.arg("to") and so[0].ref[0] == REF_SCRATCH
-                and sa[-1].dtype == so[0].dtype and not _read_later(so[0].ref, later))
-
-
-def sum_into_gemv(f: Fused) -> Fused:
-    """A batch-1 split's whole-row sum (op_sum with its residual, options.SUM_INTO_READERS) read
-    only by the op_gemv_direct right after it, as the norm's row (NORM) or, after the GEMV, by
-    the ADD of the GEMV's tile and that sum at the tile's columns: the GEMV (SX = the partials)
-    adds the partials and the residual itself where it loads x or its residual (sum_res, the
-    same bits), so neither the sum's scratch round trip nor its step remain. Args: the SX
-    partials go before the GEMV's last input (the norm's weight, or the residual: the sum's).
-    Runs after sum_add and norm_into_gemv."""
-    def norm_fold(window, later):
-        (s, sa, so), (g, ga, go) = window
-        if not (_whole_row_sum(s, sa, so, [(g, ga[1:], go)] + list(later)) and g.is_fn("op_gemv_direct")
-                and g.variant.arg("norm") and not g.variant.arg("sx") and ga[0].ref == so[0].ref
-                and all(v.ref != so[0].ref for v in ga[1:])):
-            return None
-        var = g.variant.with_(ks=bool(g.variant.arg("ks")), sx=len(sa) - 1)
-        return Encoded(g.op, var, dict(g.ip), dict(g.fp), g.group), [sa[-1]] + ga[1:-1] + sa[:-1] + [ga[-1]], go
-
-    def add_fold(window, later):
-        (g, ga, go), (s, sa, so), (a, aa, ao) = window
-        y = go[0]
-        if not (g.is_fn("op_gemv_direct") and g.variant.arg("nmat") == 1 and g.variant.arg("epi") == 0
-                and not g.variant.arg("ks") and _whole_row_sum(s, sa, so, later)
-                and a.op == int(K.ADD) and len(aa) == 2 and a.ip["KIND"] == abi.EW_KINDS.index("ADD")
-                and sorted(v.ref for v in aa) == sorted([y.ref, so[0].ref]) and y.ref != so[0].ref
-                and a.ip["ROWS"] == g.ip["M"] == 1
-                and (a.ip["C0"], a.ip["C1"]) == (g.ip["N_OFF"], g.ip["N_OFF"] + g.ip["N_TILE"])
-                and all(a.ip[k] == a.ip["COLS"] for k in ("A_RS", "B_RS")) and a.ip["A_CS"] == a.ip["B_CS"] == 1
-                and ao[0].cols == y.cols == so[0].cols == g.ip["N"] and y.ref[0] == REF_SCRATCH
-                and ao[0].dtype in FLOATS and not _read_later(y.ref, later)):
-            return None
-        var = g.variant.with_(epi=1, tr=ctype(None, so[0].dtype), to=ftype(None, ao[0].dtype),
-                              ks=False, sx=len(sa) - 1)
-        return Encoded(g.op, var, dict(g.ip), dict(g.fp), g.group), ga + sa[:-1] + [sa[-1]], [ao[0]]
-
-    steps = _fold_windows(_fold_windows(f.steps, 2, norm_fold), 3, add_fold)
-    gone = {so[0].ref for _, _, so in f.steps} - {o[0].ref for _, _, o in steps}
-    return Fused(steps, [(o, n) for o, n in f.zero if (REF_SCRATCH, o) not in gone])
-
-
 def norm_into_mma(f: Fused) -> Fused:
     """An RMSNorm of the M rows of x (bf16) into a scratch only the op_gemv_mma right after it
     reads, as x: one op_gemv_mma (NORM) that stages x times the norm weight and scales each
@@ -442,7 +392,7 @@ def _direct(e: Encoded) -> Variant | None:
 
 # In this order: the scratch analyses (norm_into_smem) look at single-output steps as the
 # recipe wrote them; the rope folds before the GEMV folds; norm_into_gemv after fold_add;
-# sum_into_gemv after sum_add and norm_into_gemv; unpad_shared_x once XS_READY is final.
+# unpad_shared_x once XS_READY is final.
 FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
     ("norm_into_smem", norm_into_smem),
     ("k_rope_into_attention", k_rope_into_attention),
@@ -453,7 +403,6 @@ FOLDS: list[tuple[str, Callable[[Fused], Fused]]] = [
     ("fold_add", fold_add),
     ("sum_add", sum_add),
     ("norm_into_gemv", norm_into_gemv),
-    ("sum_into_gemv", sum_into_gemv),
     ("norm_into_mma", norm_into_mma),
     ("unpad_shared_x", unpad_shared_x),
 ]

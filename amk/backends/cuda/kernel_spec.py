@@ -21,7 +21,6 @@ class KernelSpec:
     variants: tuple[Variant, ...]    # the switch's cases, numbered as the descriptors name them
     encoded: tuple[Variant, ...]     # the same before the PRE marks: as the encoders made them
     pre: bool                        # a task copies the next task's rows (AMK_PRE, preload.py)
-    pre_rows: bool                   # some of those ranges are rows at a stride (AMK_PRE_ROWS)
     zero: bool                       # a FUSED task zeroes scratch first (AMK_ZERO)
     early: bool                      # a task has an early phase during its poll (AMK_EARLY)
     too_many: tuple[int, ...]        # ids of tasks with a descriptor of > MAX_PTRS operands
@@ -60,6 +59,5 @@ def kernel_spec(folded: Folded) -> KernelSpec:
                 with_pre.add(v)       # only the variants that read preloaded rows get that path
                                       # (never-run code costs: NOTES v16)
     pre = any(folded.tasks[j].preload for q in folded.queues for j in q[1:])
-    pre_rows = any(n >> 24 for q in folded.queues for j in q[1:] for _, _, n in folded.tasks[j].preload)
     variants = tuple(v.with_(pre=True) if v in with_pre else v for v in index)
-    return KernelSpec(variants, tuple(index), pre, pre_rows, zero, early, tuple(dict.fromkeys(too_many)))
+    return KernelSpec(variants, tuple(index), pre, zero, early, tuple(dict.fromkeys(too_many)))

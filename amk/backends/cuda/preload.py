@@ -3,9 +3,6 @@ the LM head: a task whose first step, or the step after its split-KV combine, is
 op_gemv_direct of read-only float weights) are copied into shared memory by the task before it
 in the queue. The quantized op_gemv_qdirect reads none: its preload lost (NOTES v35).
 
-A K slice of a split GEMV (its part of each row) is one range of rows at a stride
-(rows_range: the kernel then has AMK_PRE_ROWS).
-
 The copy starts from the staged attention right after it has issued its own loads
 (op_attention_smem), else when that task ends (after its release). The hand-off to the next
 stage (the release, the poll, x and its norm) leaves the HBM and the SM's ingress idle, so the
@@ -39,32 +36,15 @@ def preload(ft: FoldedTask, cap: int, memo: IdentityMemo | None = None) -> Folde
     if any(w.kind not in (BufferKind.WEIGHT, BufferKind.CONST) for w in ws):
         return ft
     rb, n_tile = enc.ip["LDW"] * ws[0].esize, enc.ip["N_TILE"]
-    klo = enc.ip.get("KLO")             # a K slice (passes/tile.split_k): its part of each row
-    kb = rb if klo is None else (enc.ip["KHI"] - klo) * ws[0].esize
-    pr = min(n_tile, cap // (len(ws) * kb))
+    pr = min(n_tile, cap // (len(ws) * rb))
     if len(ws) == 1 and pr < n_tile:
         pr -= pr % 2
     if pr <= 0:
         return ft
     with_pre = (lambda: replace(enc, ip=dict(enc.ip, PRE=pr)))
     pre_step = (with_pre() if memo is None else memo.get(enc, pr, with_pre), args, outs)
-    ranges = ([(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws] if klo is None else
-              [(w.ref, enc.ip["N_OFF"] * rb + klo * w.esize, rows_range(kb, pr, rb)) for w in ws])
-    return replace(ft, steps=steps[:i] + [pre_step] + steps[i + 1:], preload=ranges, preload_step=i)
-
-
-def rows_range(chunk: int, rows: int, stride: int) -> int:
-    """A preload range's bytes field for `rows` chunks of `chunk` bytes, `stride` bytes apart
-    (a K slice's rows): the chunk in the low 24 bits, rows - 1 in the next 16, stride / 16 in
-    the top 24 (common.cuh preload_next, AMK_PRE_ROWS); one chunk is plain bytes."""
-    if not (0 < chunk < 1 << 24 and 0 < rows <= 1 << 16 and stride % 16 == 0 and stride >> 4 < 1 << 24):
-        raise ValueError(f"a strided preload of {rows} x {chunk} B, {stride} B apart, does not fit a range")
-    return chunk | (rows - 1) << 24 | (stride >> 4) << 40
-
-
-def range_bytes(n: int) -> int:
-    """The bytes a preload range copies (rows_range's fields multiplied out)."""
-    return (n & 0xFFFFFF) * ((n >> 24 & 0xFFFF) + 1)
+    return replace(ft, steps=steps[:i] + [pre_step] + steps[i + 1:],
+                   preload=[(w.ref, enc.ip["N_OFF"] * rb, pr * rb) for w in ws], preload_step=i)
 
 
 def drop_unissued_preloads(tasks: list[FoldedTask], queues: list[list[int]]) -> None:

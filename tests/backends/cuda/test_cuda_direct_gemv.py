@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("cuda.bindings")
 
-from amk.program.ir import BufferKind, DType, InstructionKind as K
+from amk.program.ir import InstructionKind as K
 from amk.backends.cuda import CudaOptions, abi, compile_source, render
 from amk.backends.cuda.codegen import call_text
 from amk.testing import cuda_examples as examples
@@ -190,66 +190,3 @@ def test_no_preload_when_turned_off():
     prog, low = _one_layer_1b(off)
     assert not low.tasks["n_pre"].any()
     assert "#define AMK_PRE 0" in render(prog, off)
-
-
-def test_a_forced_batch_1_k_split_runs_its_slices_on_the_direct_gemv():
-    """AMK_K_SPLIT at batch 1 (passes/tile.split_k; only down splits): each K slice is an
-    op_gemv_direct with KS over ip [KLO, KHI), fp32 partials out, its first 16 rows' 4 KiB parts
-    preloaded as one range of rows 16 KiB apart (preload.rows_range, AMK_PRE_ROWS); no step
-    adds the partials: the next layer's q/k/v and o tiles and the LM head's add them with the
-    residual where they load x or their residual (folds.sum_into_gemv: SX 4, the partials before
-    the last input); it compiles without spills."""
-    from amk.backends.cuda.preload import range_bytes, rows_range
-    from dataclasses import replace
-    from amk.models.presets import LLAMA_3_2_1B, random_model
-    from amk.passes.options import PassOptions
-    from amk.backends.cuda.steps import REF_SCRATCH
-    m = random_model(replace(LLAMA_3_2_1B, max_seq=1088, n_layers=2), device="meta")
-    import amk
-    f = amk.jit(m.fn, backend="cuda", options=PassOptions.for_backend("cuda").with_(k_split=4))
-    prog = f.lower(*m.example_args(1)).program
-    low = lower_program(prog)
-    down = [t for t in prog.tasks if "w_down" in t.name and "layers.0" in t.name]
-    assert len(down) == 128
-    klo, khi = abi.ip_index("GEMV", "KLO"), abi.ip_index("GEMV", "KHI")
-    for t in down:
-        d = low.tasks[t.id]
-        v = low.variants[int(d["variant"])]
-        assert (v.fn, v.arg("ks"), v.arg("pre"), v.arg("ty")) == ("op_gemv_direct", True, True, "float")
-        lo = t.params["k_off"]
-        assert (int(d["ip"][klo]), int(d["ip"][khi])) == (lo, lo + 2048)
-        assert int(d["ip"][abi.ip_index("GEMV", "PRE")]) in (0, 16)
-    before = {j: i for q in low.queues for i, j in zip(q, q[1:])}
-    preloaded = [t for t in down if t.id in before]
-    assert preloaded
-    for t in preloaded:
-        d = low.tasks[before[t.id]]
-        (rng,) = low.ranges[int(d["pre_begin"]):int(d["pre_begin"]) + int(d["n_pre"])]
-        assert rng[1:] == (t.params["n_off"] * 16384 + t.params["k_off"] * 2, rows_range(4096, 16, 16384))
-        assert range_bytes(rng[2]) == 65536
-    assert not any(v.fn == "op_sum" for v in low.variants)
-    parts = {t.outputs[0] for t in down}
-    readers = [t for t in prog.tasks if set(t.inputs) & parts]
-    assert len(readers) == 86 + 22 + 22 + 128 + 132      # layer 1's q, k, v, o tiles; the LM head
-    for t in readers:
-        d = low.tasks[t.id]
-        steps = low.tasks[int(d["sub_begin"]):int(d["sub_begin"]) + int(d["n_sub"])] if d["n_sub"] else [d]
-        # one step: the GEMV (the o tile: its folded combine's step first)
-        assert [low.variants[int(e["variant"])].fn for e in steps[:-1]] in ([], ["op_combine"])
-        d = steps[-1]
-        v = low.variants[int(d["variant"])]
-        assert (v.fn, v.arg("sx")) == ("op_gemv_direct", 4), t.name
-        assert v.arg("norm") != (v.arg("epi") == 1)                # q/k/v: the norm's row; o: the residual
-        refs = low.ptr_refs[int(d["ptr_begin"]):int(d["ptr_begin"]) + int(d["n_in"])]
-        ins = [None if k == REF_SCRATCH else prog.buffers[int(b)] for k, b in refs]
-        assert [b.id for b in ins[-5:-1]] == sorted(parts)                 # the partials, in order
-        res = ins[0] if v.arg("norm") else ins[-1]                       # the residual stream
-        assert (res.kind, res.dtype, res.shape) == (BufferKind.ACTIVATION, DType.BF16, (1, 2048))
-        assert ins[-1].kind is (BufferKind.WEIGHT if v.arg("norm") else BufferKind.ACTIVATION)
-    src = render(prog)
-    assert "#define AMK_PRE_ROWS 1" in src and "#define AMK_PRE_ROWS 0" in render(_one_layer_1b()[0])
-    res = compile_source(src, "sm_90a")
-    blocks = re.findall(r"Function properties for (\S*(?:op_gemv_direct|megakernel)\S*)\n(.*)\n", res.log)
-    assert len(blocks) > 4
-    for name, line in blocks:
-        assert "0 bytes spill stores" in line, (name, line)

@@ -272,32 +272,10 @@ __device__ __forceinline__ void fence_proxy_async() {
 __shared__ __align__(8) unsigned long long amk_comb_bar;
 __shared__ unsigned amk_comb_uses;
 // Thread 0: issue the pending preload, once (the staged attention calls it after its own loads
-// are issued; the scheduler when the task ends). AMK_PRE_ROWS: a range's bytes may be rows at
-// a stride (preload.rows_range: chunk, rows - 1, stride / 16), each row one bulk copy.
-#if AMK_PRE_ROWS      // (out of line: inlined, its loops made the scheduler spill)
-__device__ __noinline__ void preload_rows(char* smem, const RangeDesc* r, int n) {
-  unsigned total = 0;
-#pragma unroll 1
-  for (int i = 0; i < n; i++)
-    total += (unsigned)(r[i].bytes & 0xFFFFFFu) * (unsigned)((r[i].bytes >> 24 & 0xFFFFu) + 1u);
-  mbar_expect_tx(&amk_pre_bar, total);
-  unsigned off = 0;
-#pragma unroll 1
-  for (int i = 0; i < n; i++) {
-    const unsigned chunk = (unsigned)(r[i].bytes & 0xFFFFFFu), rows = (unsigned)(r[i].bytes >> 24 & 0xFFFFu) + 1u;
-    const unsigned long long stride = (r[i].bytes >> 40) << 4;
-#pragma unroll 1
-    for (unsigned j = 0; j < rows; j++, off += chunk)
-      bulk_g2s(smem + AMK_PRE_OFF + off, r[i].addr + j * stride, chunk, &amk_pre_bar);
-  }
-}
-#endif
+// are issued; the scheduler when the task ends).
 __device__ __forceinline__ void preload_next(char* smem) {
   if (!AMK_PRE || amk_pre_pending == 0) return;
   const RangeDesc* r = amk_pre_ranges[amk_pre_slot];
-#if AMK_PRE_ROWS
-  preload_rows(smem, r, amk_pre_pending);
-#else
   unsigned total = 0;
 #pragma unroll 1                          // a range or two: unrolled, 85 never-run instructions a caller
   for (int i = 0; i < amk_pre_pending; i++) total += (unsigned)r[i].bytes;
@@ -305,7 +283,6 @@ __device__ __forceinline__ void preload_next(char* smem) {
 #pragma unroll 1
   for (int i = 0, off = 0; i < amk_pre_pending; off += (int)r[i].bytes, i++)
     bulk_g2s(smem + AMK_PRE_OFF + off, r[i].addr, (unsigned)r[i].bytes, &amk_pre_bar);
-#endif
   amk_pre_n++;
   amk_pre_pending = 0;
 }

@@ -214,13 +214,12 @@ __device__ __forceinline__ void direct_fill(uint4 (&wv)[2][GU], const char* cons
       }
 }
 
-// kb: the byte of each row where the item's K starts (a K slice's first column, KS).
 template <int NMAT, int GU, int SR = 1>
 __device__ __forceinline__ void direct_load(uint4 (&wv)[2][GU], void* const* P, int n_off, int n_tile,
-                                            long long rbytes, int nv, int nseg, int it, long long kb = 0) {
+                                            long long rbytes, int nv, int nseg, int it) {
   const char* row[SR][2]; bool live[SR][2];
-  direct_rows<NMAT, SR>(row, live, (const char*)P[1] + (long long)n_off * rbytes + kb,
-                            (const char*)P[NMAT == 2 ? 2 : 1] + (long long)n_off * rbytes + kb, 0, n_tile, rbytes, nseg, it);
+  direct_rows<NMAT, SR>(row, live, (const char*)P[1] + (long long)n_off * rbytes,
+                            (const char*)P[NMAT == 2 ? 2 : 1] + (long long)n_off * rbytes, 0, n_tile, rbytes, nseg, it);
   direct_fill<GU, SR, false>(wv, row, live, nv, SR == 1 ? it % nseg : 0);
 }
 
@@ -264,31 +263,24 @@ __device__ __forceinline__ void direct_dot(const uint4 (&wv)[2][GU], const float
 }
 
 // The batch-1 GEMVs' x (op_gemv_direct, op_gemv_qdirect): the RMSNorm of P[0] with weight
-// P[n_in - 1] (NORM), else Kd elements of P[0] from x0 (a K slice's first column) as fp32,
-// unless a norm before left it in smem (XS_READY, never with PAD: op_gemv_qdirect's XPAD).
-// SX > 0 (NORM): the row is the residual P[0] plus the SX partials before the norm's weight
-// (sum_res).
-template <class TX, bool NORM, class NX, class NW, int RN, bool PAD = false, int SX = 0>
-__device__ __forceinline__ void direct_x(const TaskDesc& d, void* const* P, float* xs, int Kd, int x0 = 0) {
-  if (NORM) rms_row<NX, NW, TX, RN, PAD, SX>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0,
-                                              P + d.n_in - 1 - SX);
-  else if (!d.ip[P_GEMV_XS_READY]) stage_f32<TX, PAD>(xs, (const TX*)P[0] + x0, Kd);
+// P[n_in - 1] (NORM), else P[0] as fp32, unless a norm before left it in smem (XS_READY, never
+// with PAD: op_gemv_qdirect's XPAD).
+template <class TX, bool NORM, class NX, class NW, int RN, bool PAD = false>
+__device__ __forceinline__ void direct_x(const TaskDesc& d, void* const* P, float* xs, int Kd) {
+  if (NORM) rms_row<NX, NW, TX, RN, PAD>((const NX*)P[0], (const NW*)P[d.n_in - 1], Kd, d.fp[F_GEMV_EPS], xs, (TX*)0);
+  else if (!d.ip[P_GEMV_XS_READY]) stage_f32<TX, PAD>(xs, (const TX*)P[0], Kd);
 }
 
-// EPI 1: this thread's residual (the last input; SX > 0: plus the SX partials before it,
-// sum_res), loaded with x, not after the sums (0: loaded in the epilogue, the tile has more rows
-// than threads).
-template <class TR, int EPI, int SX = 0>
+// EPI 1: this thread's residual (the last input), loaded with x, not after the sums (0: loaded
+// in the epilogue, the tile has more rows than threads).
+template <class TR, int EPI>
 __device__ __forceinline__ float direct_residual(const TaskDesc& d, void* const* P, int n_off, int n_tile) {
-  if constexpr (SX > 0)
-    return EPI == 1 && n_tile <= NT && threadIdx.x < n_tile
-               ? sum_res<TR, SX>((const TR*)P[d.n_in - 1], P + d.n_in - 1 - SX, n_off + threadIdx.x) : 0.f;
   return EPI == 1 && n_tile <= NT && threadIdx.x < n_tile ? to_f(((const TR*)P[d.n_in - 1])[n_off + threadIdx.x]) : 0.f;
 }
 
 // The batch-1 GEMVs' epilogue EPI (op_gemv_direct's comment) over the sums in part[(mat n_tile
 // + row) nseg + segment], each row's segments added in order.
-template <class TY, class TS, int NMAT, int EPI, bool BIAS, class TR, class TO, int SX = 0>
+template <class TY, class TS, int NMAT, int EPI, bool BIAS, class TR, class TO>
 __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* P, const float* part, const TS* bias,
                                                 int n_off, int n_tile, int nseg, float rv) {
   const TR* res = (const TR*)P[d.n_in - 1];
@@ -307,7 +299,7 @@ __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* 
       ((TO*)P[d.n_in])[col] = from_f<TO>(ew_apply<EW_SILU_MUL>(to_f(from_f<TY>(s)), to_f(from_f<TY>(u)), 0.f));
     } else {
       if (BIAS) s += to_f(bias[col]);
-      if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + (res_early ? rv : SX ? sum_res<TR, SX>(res, P + d.n_in - 1 - SX, col) : to_f(res[col])));
+      if (EPI == 1) ((TO*)P[d.n_in])[col] = from_f<TO>(to_f(from_f<TY>(s)) + (res_early ? rv : to_f(res[col])));
       else ((TY*)P[d.n_in + mat])[col] = from_f<TY>(s);
       if (EPI == 3 && am_better(to_f(from_f<TY>(s)), col, best, bi)) { best = to_f(from_f<TY>(s)); bi = col; }
     }
@@ -338,20 +330,14 @@ __device__ __forceinline__ void direct_epilogue(const TaskDesc& d, void* const* 
 // NORM (folds.norm_into_gemv): x is the RMSNorm of row P[0] (type NX) with weight P[n_in - 1]
 // (NW), computed here (rms_row, rounded through TX as the norm step it replaces).
 // P: x, W_1..W_NMAT, [bias], [residual | NORM's weight], then the outputs.
-// KS (passes/tile.split_k, EPI 0): only K's slice [KLO, KHI) of x and of each row (ip), the
-// sums fp32 partials that a SUM task adds; its preloaded rows are the slice's part of each.
-// SX (folds.sum_into_gemv): the residual (EPI 1) or the norm's row (NORM) is a batch-1 split's
-// sum: P's input before the last is preceded by SX fp32 partials, added to it as the SUM and
-// ADD steps it replaces (sum_res), with x's loads or the residual's.
 // AMK_MARK (profile builds): 0 entered, 1 x staged, 5 warp 0's first weights in registers (its
 // preload landed) or requested, 2 its first item, 3 all items, 4 stored.
 template <class TX, class TW, class TY, class TS, int NMAT, int EPI, bool BIAS, class TR = float, class TO = TY,
           bool NORM = false, class NX = float, class NW = float, bool PRE = false, int RN = RMS_RN,
-          int SR = 1, bool KS = false, int SX = 0>
+          int SR = 1>
 __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   constexpr int GU = 8;
-  const int klo = KS ? d.ip[P_GEMV_KLO] : 0;
-  const int Kd = KS ? d.ip[P_GEMV_KHI] - klo : d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
+  const int Kd = d.ip[P_GEMV_K], n_off = d.ip[P_GEMV_N_OFF], n_tile = d.ip[P_GEMV_N_TILE];
   const long long rbytes = (long long)d.ip[P_GEMV_LDW] * (long long)sizeof(TW);
   const int nv = Kd / VecN<TW>::N, nseg = (nv + 32 * GU - 1) / (32 * GU);
   const int groups = NMAT == 2 ? n_tile : (n_tile + 1) / 2, items = SR == 1 ? groups * nseg : (groups + SR - 1) / SR;
@@ -359,10 +345,10 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   float* part = xs + ((Kd + 3) & ~3);           // NMAT * n_tile * nseg sums (encoders.py checks the fit)
   const int warp = threadIdx.x >> 5;
   // ADD: the residual of this thread's output loaded now, with x, not after the sums
-  const float rv = direct_residual<TR, EPI, SX>(d, P, n_off, n_tile);
+  const float rv = direct_residual<TR, EPI>(d, P, n_off, n_tile);
   AMK_MARK(0);
   const int pr = AMK_PRE && PRE ? d.ip[P_GEMV_PRE] : 0;
-  direct_x<TX, NORM, NX, NW, RN, false, SX>(d, P, xs, Kd, klo);
+  direct_x<TX, NORM, NX, NW, RN>(d, P, xs, Kd);
   __syncthreads();
   AMK_MARK(1);
   const int it0 = warp;
@@ -372,11 +358,9 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
     const int last = NMAT == 2 ? gl : 2 * gl + 1;                     // the item's last row
     if (AMK_PRE && PRE && (last < pr || pr == n_tile)) {
       mbar_wait(&amk_pre_bar, (amk_pre_n - 1) & 1u);
-      // a K slice's rows were copied as its part of each row only (preload.rows_range)
-      direct_load_pre<NMAT, GU, SR>(wv, smem + AMK_PRE_OFF, pr, n_tile, KS ? (long long)Kd * (long long)sizeof(TW) : rbytes,
-                                    nv, nseg, it);
+      direct_load_pre<NMAT, GU, SR>(wv, smem + AMK_PRE_OFF, pr, n_tile, rbytes, nv, nseg, it);
     } else {
-      direct_load<NMAT, GU, SR>(wv, P, n_off, n_tile, rbytes, nv, nseg, it, (long long)klo * (long long)sizeof(TW));
+      direct_load<NMAT, GU, SR>(wv, P, n_off, n_tile, rbytes, nv, nseg, it);
     }
     if (it == it0) AMK_MARK(5);
     direct_dot<TW, NMAT, GU, SR>(wv, xs, part, n_tile, nv, nseg, it);
@@ -384,6 +368,6 @@ __device__ __noinline__ void op_gemv_direct(AMK_PARAMS) {
   }
   __syncthreads();
   AMK_MARK(3);
-  direct_epilogue<TY, TS, NMAT, EPI, BIAS, TR, TO, SX>(d, P, part, (const TS*)P[1 + NMAT], n_off, n_tile, nseg, rv);
+  direct_epilogue<TY, TS, NMAT, EPI, BIAS, TR, TO>(d, P, part, (const TS*)P[1 + NMAT], n_off, n_tile, nseg, rv);
   AMK_MARK(4);
 }

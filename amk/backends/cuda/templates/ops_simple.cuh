@@ -52,32 +52,18 @@ __device__ __noinline__ void op_sum(AMK_PARAMS) {
   }
 }
 
-// A split GEMV's SUM and the residual ADD after it, at element i, in op_sum's order and
-// roundings: round_T(round_T(p_0 + p_1 + ...) + res[i]), partials ps[0..SX) fp32 and the SUM's
-// type, the residual's and the ADD's all T (folds.sum_into_gemv checks them). The readers of
-// a batch-1 split's sum add it themselves (passes/options.SUM_INTO_READERS).
-template <class T, int SX>
-__device__ __forceinline__ float sum_res(const T* res, void* const* ps, long long i) {
-  float s = ((const float*)ps[0])[i];
-#pragma unroll
-  for (int p = 1; p < SX; p++) s += ((const float*)ps[p])[i];
-  return to_f(from_f<T>(to_f(from_f<T>(s)) + to_f(res[i])));
-}
-
 // One row of H <= RMS_RN * NT elements, x and w in registers (one round trip, not three):
 // out = round_TY((x * rsqrt(mean(x^2) + eps)) * w), to xs (fp32; PAD: at xpad_at) when xs,
 // else to y. Also the norm op_gemv_direct runs itself (NORM, folds.norm_into_gemv): the same
 // bits either way.
 constexpr int RMS_RN = AMK_RMS_RN;     // steps.RMS_RN: folds.norm_into_gemv folds rows this fits
-// SX > 0 (op_gemv_direct's SX): the row is the residual sum sum_res<TX, SX>(xr, ps, i).
-template <class TX, class TW, class TY, int RN = RMS_RN, bool PAD = false, int SX = 0>
-__device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float eps, float* xs, TY* y,
-                                        void* const* ps = nullptr) {
+template <class TX, class TW, class TY, int RN = RMS_RN, bool PAD = false>
+__device__ __forceinline__ void rms_row(const TX* xr, const TW* w, int H, float eps, float* xs, TY* y) {
   float xv[RN], wv[RN], ss = 0.f;
 #pragma unroll
   for (int k = 0; k < RN; k++) {
     const int i = threadIdx.x + k * NT;
-    xv[k] = i < H ? (SX ? sum_res<TX, SX>(xr, ps, i) : to_f(xr[i])) : 0.f;
+    xv[k] = i < H ? to_f(xr[i]) : 0.f;
     wv[k] = i < H ? to_f(w[i]) : 0.f;
   }
 #pragma unroll
