@@ -104,7 +104,7 @@ def kv_window(kv_start: int, kv_len: int, max_seq: int, pos: int | None,
         if shard >= live:
             return None
         size = -(-(hi - lo) // live)
-        # a shard past the rows (L (L - 1) >= rows, as 5 rows in 4 shards of 2) is empty at
+        # a shard that starts past the rows (5 rows in 4 shards of 2: the last) is empty at
         # the window's end, never past it (nor past the cache: a batched attention reads
         # every row's shard from the lowest lo to the highest hi)
         lo, hi = min(hi, lo + shard * size), min(hi, lo + (shard + 1) * size)

@@ -243,11 +243,12 @@ def test_kv_window_splits_the_live_window_not_the_cache():
     assert [kv_window(0, 5, 5, 4, s, 4, 0, 1) for s in range(4)] == [(0, 2), (2, 4), (4, 5), (5, 5)]
 
 
-def test_sequences_of_one_batched_shard_one_dead_one_empty_write_empty_partials():
+def test_a_batched_shard_of_one_dead_and_one_empty_sequence_runs():
     """A batched split-KV task (b_off / b_count, a position a sequence) reads every sequence's
-    shard from the lowest row to the highest: sequence 0 at pos 0 (its shard 3 of 4 not live)
-    and sequence 1 at pos 4 (5 rows, its shard 3 empty) both write the empty partial (found by
-    the nightly property run: the union reached past the 5-row cache and the VM raised)."""
+    shard from the lowest row to the highest: sequence 0 at pos 0 (its shard 3 of 4 not live:
+    its partial untouched) and sequence 1 at pos 4 (5 rows, its shard 3 empty: the empty
+    partial). Found by the nightly property run: the union reached past the 5-row cache and
+    the VM raised."""
     B, HD = 2, 8
     q, k, v = rnd(B, HD), rnd(B, 5, 1, HD, seed=1), rnd(B, 5, 1, HD, seed=2)
     pos = torch.tensor([0, 4], dtype=torch.int32)
